@@ -1,0 +1,194 @@
+"""Reading and writing whole bundles: members <-> validated metadata objects.
+
+``read_bundle`` opens the container (``archive``), structures every metadata member
+(``schema``), checks cross-member consistency (``validate``) and maps the weights blob without
+copying it. ``bundle_members`` goes the other way for the writer. Neither touches a device.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from engine.bundle.archive import BundleArchive, MemberData
+from engine.bundle.dispatch_text import format_dispatch_table, parse_dispatch_table
+from engine.bundle.jsonread import JsonReader, loads_member
+from engine.bundle.schema import GraphExecution, GraphMetaData, KernelMeta, WeightEntry
+from engine.bundle.validate import GraphAnalysis, analyze_graph
+from engine.errors import BundleError
+
+__all__ = ["BundleContents", "read_bundle", "bundle_members", "WEIGHT_ALIGNMENT", "weights_layout"]
+
+WEIGHT_ALIGNMENT = 64
+
+
+@attrs.frozen(eq=False)
+class BundleContents:
+    archive: BundleArchive
+    meta: GraphMetaData
+    execution: GraphExecution
+    kernels: tuple[KernelMeta, ...]
+    #: Index of weights (``weights.json``); ``None`` when the bundle has none listed.
+    weight_entries: tuple[WeightEntry, ...] | None
+    #: Mapped ``weights.bin`` (or arrays from a reference ``weights.npz``); ``None`` if saved without weights.
+    weight_blob: memoryview | None
+    npz_weights: tuple[np.ndarray, ...] | None
+    dispatch_rows: dict[tuple[int, ...], tuple[int, ...]]
+    graph_string: str
+    analysis: GraphAnalysis
+
+    @property
+    def identity(self) -> str:
+        return self.archive.identity
+
+    @property
+    def has_weights(self) -> bool:
+        return not self.execution.weights_index or self.weight_blob is not None or self.npz_weights is not None
+
+    def binary(self, kernel_index: int, path: str) -> bytes:
+        """A kernel binary's bytes, hash-checked against the manifest."""
+        return self.archive.read(_binary_member(kernel_index, path), max_size=2**31)
+
+
+def _binary_member(kernel_index: int, path: str) -> str:
+    return f"kernels/{kernel_index}/{path}"
+
+
+def read_bundle(source: str | os.PathLike | bytes | bytearray | memoryview) -> BundleContents:
+    archive = BundleArchive.open(source)
+    try:
+        return _read(archive)
+    except BaseException:
+        archive.close()
+        raise
+
+
+def _json(archive: BundleArchive, member: str):
+    if member not in archive:
+        raise BundleError("required member is missing", member=member)
+    return loads_member(archive.read(member), member)
+
+
+def _read(archive: BundleArchive) -> BundleContents:
+    meta = GraphMetaData.from_json(JsonReader("meta.json"), _json(archive, "meta.json"))
+    execution = GraphExecution.from_json(JsonReader("graph_execution.json"), _json(archive, "graph_execution.json"))
+    kernels = []
+    for k in range(meta.num_kernels):
+        member = f"kernels/{k}/meta.json"
+        kernel = KernelMeta.from_json(JsonReader(member), _json(archive, member))
+        for c, cand in enumerate(kernel.candidates):
+            for b, binary in enumerate(cand.binaries):
+                name = _binary_member(k, binary.path)
+                if name not in archive:
+                    raise BundleError(f"binary {binary.path!r} is not in the bundle (expected member {name!r})",
+                                      member=member, path=f"$.candidates[{c}].binaries[{b}].path")
+        kernels.append(kernel)
+
+    entries: tuple[WeightEntry, ...] | None = None
+    if "weights.json" in archive:
+        r = JsonReader("weights.json")
+        entries = r.list_(_json(archive, "weights.json"), "$", lambda v, p: WeightEntry.from_json(r, v, p))
+    elif execution.weights_index and "weights.npz" not in archive:
+        raise BundleError("the graph has weights but the bundle has no weights.json index", member="weights.json")
+
+    blob: memoryview | None = None
+    npz: tuple[np.ndarray, ...] | None = None
+    if "weights.bin" in archive:
+        blob = archive.map("weights.bin")
+        if len(blob) == 0:
+            blob = None
+        elif entries is not None:
+            for j, e in enumerate(entries):
+                if e.offset + e.nbytes > len(blob):
+                    raise BundleError(f"weight {e.name!r} ends at byte {e.offset + e.nbytes}, past the end of "
+                                      f"weights.bin ({len(blob)} bytes)", member="weights.json", path=f"$[{j}]")
+    elif "weights.npz" in archive:
+        npz = _read_npz(archive, len(execution.weights_index))
+
+    analysis = analyze_graph(meta, execution, kernels, entries)
+
+    rows: dict[tuple[int, ...], tuple[int, ...]] = {}
+    if "dispatch_table.txt" in archive:
+        text = archive.read("dispatch_table.txt").decode("utf-8", errors="replace")
+        rows = parse_dispatch_table(text, symbols=meta.symbols,
+                                    candidates_per_task=[len(k.candidates) for k in kernels])
+    graph_string = ""
+    if "graph_string.txt" in archive:
+        graph_string = archive.read("graph_string.txt").decode("utf-8", errors="replace")
+    return BundleContents(archive, meta, execution, tuple(kernels), entries, blob, npz, rows, graph_string, analysis)
+
+
+def _read_npz(archive: BundleArchive, count: int) -> tuple[np.ndarray, ...]:
+    """The reference runtime's ``weights.npz`` (``arr_0..arr_n`` in weights_index order); copied, not mapped."""
+    try:
+        with np.load(io.BytesIO(archive.read("weights.npz", max_size=2**40)), allow_pickle=False) as npz:
+            arrays = tuple(np.ascontiguousarray(npz[f"arr_{i}"]) for i in range(count))
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as exc:
+        raise BundleError(f"cannot read reference weights: {exc}", member="weights.npz") from None
+    return arrays
+
+
+def weights_layout(arrays: Sequence[tuple[str, np.ndarray]]) -> tuple[list[WeightEntry], list[MemberData], int]:
+    """Entries and chunks of ``weights.bin``: each weight at a 64-byte aligned offset, zero padding between."""
+    from engine.dtypes import from_numpy_dtype
+
+    entries: list[WeightEntry] = []
+    chunks: list[MemberData] = []
+    offset = 0
+    for name, array in arrays:
+        pad = -offset % WEIGHT_ALIGNMENT
+        if pad:
+            chunks.append(bytes(pad))
+            offset += pad
+        # Viewed as bytes through numpy: ml_dtypes arrays (bfloat16, float8) do not export a buffer format.
+        data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        entries.append(WeightEntry(name, from_numpy_dtype(array.dtype), tuple(array.shape), offset, data.nbytes))
+        chunks.append(data)
+        offset += data.nbytes
+    return entries, chunks, offset
+
+
+def _dumps(value: object) -> bytes:
+    return json.dumps(value, indent=1, sort_keys=False).encode("utf-8")
+
+
+def bundle_members(
+    *,
+    meta: GraphMetaData,
+    execution: GraphExecution,
+    kernels: Sequence[KernelMeta],
+    binaries: dict[str, MemberData],
+    weights: Sequence[tuple[str, np.ndarray]] | None,
+    weight_entries: Sequence[WeightEntry] | None = None,
+    dispatch_rows: dict[tuple[int, ...], tuple[int, ...]] | None = None,
+    graph_string: str = "",
+) -> dict[str, MemberData]:
+    """Every member except the manifest. ``binaries`` maps ``kernels/<i>/<path>`` to bytes.
+
+    ``weights=None`` saves the index only (``weight_entries`` must then be given), for
+    ``save_weights=False``: the loader then expects ``set_weights``.
+    """
+    members: dict[str, MemberData] = {
+        "meta.json": _dumps(meta.to_json()),
+        "graph_execution.json": _dumps(execution.to_json()),
+        "graph_string.txt": graph_string.encode("utf-8"),
+    }
+    for k, kernel in enumerate(kernels):
+        members[f"kernels/{k}/meta.json"] = _dumps(kernel.to_json())
+    members.update(binaries)
+    if weights is not None:
+        entries, chunks, _ = weights_layout(weights)
+        if entries:
+            members["weights.json"] = _dumps([e.to_json() for e in entries])
+            members["weights.bin"] = chunks
+    elif weight_entries:
+        members["weights.json"] = _dumps([e.to_json() for e in weight_entries])
+    if dispatch_rows:
+        members["dispatch_table.txt"] = format_dispatch_table(meta.symbols, dispatch_rows).encode("utf-8")
+    return members

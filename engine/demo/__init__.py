@@ -1,0 +1,1 @@
+"""The embedded example model used by ``engine demo`` and the examples."""

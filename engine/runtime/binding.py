@@ -1,0 +1,110 @@
+"""Validating graph inputs and binding symbol values, on every run.
+
+Validation is always on (DESIGN §6), so it is precompiled: each input gets a small spec (dtype,
+device, which dims are constants and which bind a symbol) and the per-run work is a handful of
+comparisons. Errors name the input, the dimension and what was expected.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from engine.bundle.schema import GraphMetaData
+from engine.device import Device
+from engine.errors import InputError
+from engine.tensor import Tensor, from_dlpack
+
+__all__ = ["InputBinder"]
+
+
+class _InputSpec:
+    __slots__ = ("name", "dtype", "np_dtype", "device", "rank", "static_shape", "const_dims", "sym_dims")
+
+    def __init__(self, name: str, sig: Any, symbols: Sequence[str], device: Device):
+        self.name = name
+        self.dtype = sig.dtype
+        self.np_dtype = sig.dtype.numpy
+        self.device = device
+        self.rank = len(sig.shape)
+        self.const_dims = tuple((d, e.constant) for d, e in enumerate(sig.shape) if e.is_constant)
+        self.sym_dims = tuple((d, symbols.index(e.source)) for d, e in enumerate(sig.shape) if not e.is_constant)
+        self.static_shape = tuple(e.constant for e in sig.shape) if not self.sym_dims else None
+
+
+class InputBinder:
+    """Turns the caller's inputs into (addresses, keep-alive objects, dispatch key)."""
+
+    def __init__(self, meta: GraphMetaData, devices: dict[str, Device]):
+        self.symbols = meta.symbols
+        names = meta.input_names or tuple(f"input {i}" for i in range(len(meta.inputs)))
+        self.specs = tuple(_InputSpec(f"{names[i]!r}" if meta.input_names else names[i], sig, meta.symbols,
+                                      devices[sig.device])
+                           for i, sig in enumerate(meta.inputs))
+        self.count = len(self.specs)
+        self._cpu = Device("cpu")
+
+    def bind(self, inputs: Sequence[Any]) -> tuple[list[int], list[Any], tuple[int, ...]]:
+        if len(inputs) != self.count:
+            raise InputError(f"the graph takes {self.count} inputs, got {len(inputs)}"
+                             + ("" if not self.specs else f" (expected: {', '.join(s.name for s in self.specs)})"))
+        values = [-1] * len(self.symbols)
+        addrs = []
+        keep = []
+        for spec, x in zip(self.specs, inputs):
+            if type(x) is np.ndarray:
+                if x.dtype != spec.np_dtype:
+                    raise InputError(f"{spec.name}: expected dtype {spec.dtype.name}, got numpy {x.dtype}")
+                if spec.device != self._cpu:
+                    raise InputError(f"{spec.name}: expected a tensor on {spec.device}, got a numpy array (host "
+                                     f"memory); move it with engine.asarray(x, device='{spec.device}')")
+                if not x.flags.c_contiguous:
+                    raise InputError(f"{spec.name}: the array is not C-contiguous; pass np.ascontiguousarray(x)")
+                addr = x.__array_interface__["data"][0]
+                shape = x.shape
+            else:
+                if type(x) is not Tensor:
+                    x = self._convert(spec, x)
+                if x.dtype is not spec.dtype and x.dtype != spec.dtype:
+                    raise InputError(f"{spec.name}: expected dtype {spec.dtype.name}, got {x.dtype.name}")
+                if x.device != spec.device:
+                    raise InputError(f"{spec.name}: expected a tensor on {spec.device}, got one on {x.device}; "
+                                     f"move it with .to('{spec.device}')")
+                addr = x.storage.addr + x.offset
+                shape = x.shape
+            if spec.static_shape is not None:
+                if shape != spec.static_shape:
+                    raise InputError(f"{spec.name}: expected shape {list(spec.static_shape)}, got {list(shape)}")
+            else:
+                if len(shape) != spec.rank:
+                    raise InputError(f"{spec.name}: expected {spec.rank} dimensions, got shape {list(shape)}")
+                for d, c in spec.const_dims:
+                    if shape[d] != c:
+                        raise InputError(f"{spec.name}: dimension {d} must be {c}, got {shape[d]} (shape "
+                                         f"{list(shape)})")
+                for d, s in spec.sym_dims:
+                    v = shape[d]
+                    if values[s] < 0:
+                        values[s] = v
+                    elif values[s] != v:
+                        raise self._inconsistent(inputs, s, spec, d, v, values[s])
+            addrs.append(addr)
+            keep.append(x)
+        return addrs, keep, tuple(values)
+
+    def _convert(self, spec: _InputSpec, x: Any) -> Tensor:
+        if hasattr(x, "__dlpack__"):
+            try:
+                return from_dlpack(x)
+            except InputError as exc:
+                raise InputError(f"{spec.name}: {exc}") from None
+        raise InputError(f"{spec.name}: expected an engine.Tensor, a numpy array or a DLPack tensor, got "
+                         f"{type(x).__name__}")
+
+    def _inconsistent(self, inputs: Sequence[Any], sym: int, spec: _InputSpec, dim: int, value: int,
+                      bound: int) -> InputError:
+        name = self.symbols[sym]
+        first = next((f"{s.name} dimension {d}" for s in self.specs for d, ss in s.sym_dims if ss == sym), "?")
+        return InputError(f"inconsistent symbol {name!r}: {first} gives {name}={bound} but {spec.name} "
+                          f"dimension {dim} gives {name}={value}")

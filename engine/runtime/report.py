@@ -1,0 +1,108 @@
+"""Human-readable views of a graph: the ``str(graph)`` table and the memory report."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+import attrs
+
+from engine.runtime.plan import build_key_plan
+
+if TYPE_CHECKING:
+    from engine.runtime.compiled_graph import CompiledGraph
+
+__all__ = ["graph_table", "memory_report", "SlotMemory", "MemoryReport", "format_bytes"]
+
+SLOT_OF_KIND = {"cpu": 0, "cuda": 1, "hip": 2}
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    out = [line(headers), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in rows)
+    return "\n".join(out)
+
+
+def graph_table(graph: "CompiledGraph") -> str:
+    meta = graph.meta
+    rows = []
+    in_names = meta.input_names or tuple(f"input_{i}" for i in range(len(meta.inputs)))
+    out_names = meta.output_names or tuple(f"output_{i}" for i in range(len(meta.outputs)))
+    for name, sig in zip(in_names, meta.inputs):
+        rows.append(["input", name, sig.dtype.name, sig.shape_str(), sig.device])
+    for name, sig in zip(out_names, meta.outputs):
+        rows.append(["output", name, sig.dtype.name, sig.shape_str(), sig.device])
+    weights = graph.weights
+    entries = graph._contents.weight_entries or ()
+    n_params = sum(_prod(e.shape) for e in entries)
+    total = sum(e.nbytes for e in entries)
+    status = "not loaded (call set_weights)" if weights is None else "loaded"
+    lines = [
+        _table(["kind", "name", "dtype", "shape", "device"], rows),
+        "",
+        f"weights: {len(graph.graph_execution.weights_index)} tensors, {format_bytes(total)}, {status}",
+        f"parameters: {n_params:,}",
+        f"kernels: {meta.num_kernels} ({sum(len(t.candidates) for t in graph.compiled_tasks)} candidates), "
+        f"instructions: {len(graph.graph_execution.instructions)}",
+        f"symbols: {', '.join(meta.symbols) or '(static)'}; dispatch table: {len(graph.dispatch_table)} keys",
+        f"devices: {', '.join(str(d) for d in graph.devices.values())}",
+    ]
+    return "\n".join(lines)
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+@attrs.frozen
+class SlotMemory:
+    """Planned workspace bytes of one slot against the lower bound and a no-reuse plan."""
+
+    slot: int
+    kind: str
+    planned_bytes: int
+    lower_bound_bytes: int
+    no_reuse_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        return self.planned_bytes / self.lower_bound_bytes if self.lower_bound_bytes else 1.0
+
+
+class MemoryReport(dict):
+    """slot -> SlotMemory, printing as a table."""
+
+    def __str__(self) -> str:
+        rows = [[str(m.slot), m.kind, format_bytes(m.planned_bytes), format_bytes(m.lower_bound_bytes),
+                 f"{m.ratio:.3f}", format_bytes(m.no_reuse_bytes)] for m in self.values()]
+        return _table(["slot", "kind", "planned", "lower bound", "ratio", "no reuse"], rows)
+
+
+def memory_report(graph: "CompiledGraph", symbols: Mapping[str, Any]) -> MemoryReport:
+    meta = graph.meta
+    missing = [s for s in meta.symbols if s not in symbols]
+    extra = [s for s in symbols if s not in meta.symbols]
+    if missing or extra:
+        from engine.errors import InputError
+        raise InputError(f"memory_report needs exactly the symbols {list(meta.symbols)}; missing {missing}, "
+                         f"unknown {extra}")
+    key = tuple(int(symbols[s]) for s in meta.symbols)
+    plan = build_key_plan(graph._contents, key, {k: b.alignment for k, b in graph._backends.items()})
+    report = MemoryReport()
+    for kind, backend in graph._backends.items():
+        slot = backend.workspace_slot
+        report[slot] = SlotMemory(slot, kind, plan.workspace_bytes.get(kind, 0), plan.lower_bound_bytes.get(kind, 0),
+                                  plan.no_reuse_bytes.get(kind, 0))
+    return report

@@ -1,0 +1,118 @@
+"""Compiled tasks: a kernel's metadata plus its loaded candidates on one device.
+
+Builtin ``copy`` tasks (cross-device copies, DESIGN §3) have no candidates; the core performs them
+with the plugins' copy calls through ``CopyLaunch``, which has the same shape as a backend's
+prepared launch so the fast path treats every step alike.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn, Sequence
+
+import attrs
+
+from engine.backend import BackendBase, BinaryPayload, CandidateSpec, Kernel, LaunchConfig
+from engine.bundle.contents import BundleContents
+from engine.bundle.schema import KernelMeta
+from engine.errors import KernelError
+
+__all__ = ["CompiledTask", "CopyLaunch", "load_tasks"]
+
+
+@attrs.define(eq=False)
+class CompiledTask:
+    """One kernel of the plan (reference name), with its candidates loaded on ``backend``."""
+
+    index: int
+    meta: KernelMeta
+    backend: BackendBase
+    device_index: int
+    candidates: tuple[Kernel, ...]
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def is_copy(self) -> bool:
+        return self.meta.builtin == "copy"
+
+    def __repr__(self) -> str:
+        return (f"CompiledTask({self.index}: {self.meta.name!r} on {self.meta.device}, "
+                f"{len(self.candidates)} candidates)")
+
+
+class CopyLaunch:
+    """A cross-device (or same-device) copy of ``nbytes`` from tensor 0 to tensor 1."""
+
+    __slots__ = ("addrs", "nbytes", "_copy", "call", "name")
+
+    def __init__(self, name: str, src: BackendBase, dst: BackendBase, src_addr: int, dst_addr: int, nbytes: int,
+                 src_stream: object, dst_stream: object, src_index: int):
+        self.name = name
+        self.addrs = [src_addr, dst_addr]
+        self.nbytes = nbytes
+        if src is dst:
+            self._copy = lambda s, d, n: src.copy_device(d, s, n, dst_stream)
+        elif src.host_accessible:
+            self._copy = lambda s, d, n: dst.copy_from_host(d, s, n, dst_stream)
+        elif dst.host_accessible:
+            def to_host(s: int, d: int, n: int) -> None:
+                src.copy_to_host(d, s, n, src_stream)
+                src.synchronize(src_index)
+            self._copy = to_host
+        else:
+            def via_host(s: int, d: int, n: int) -> None:
+                import numpy as np
+                staging = np.empty(n, np.uint8)
+                addr = staging.ctypes.data
+                src.copy_to_host(addr, s, n, src_stream)
+                src.synchronize(src_index)
+                dst.copy_from_host(d, addr, n, dst_stream)
+            self._copy = via_host
+        self.call = self._run
+
+    def _run(self) -> int:
+        if self.nbytes:
+            self._copy(self.addrs[0], self.addrs[1], self.nbytes)
+        return 0
+
+    def set_tensor(self, index: int, addr: int) -> None:
+        self.addrs[index] = addr
+
+    def fail(self, code: int) -> NoReturn:
+        raise KernelError(f"copy task {self.name!r} failed with code {code}")
+
+
+def load_tasks(contents: BundleContents, backends: dict[str, BackendBase],
+               device_index: dict[str, int]) -> tuple[CompiledTask, ...]:
+    """Load every candidate of every kernel (binaries are hash-checked as they are read)."""
+    tasks = []
+    for k, meta in enumerate(contents.kernels):
+        backend = backends[meta.device]
+        index = device_index[meta.device]
+        loaded: list[Kernel] = []
+        for c, cand in enumerate(meta.candidates):
+            binaries = tuple(BinaryPayload(b.format, b.target, b.path, contents.binary(k, b.path))
+                             for b in cand.binaries)
+            launch = None
+            if cand.launch is not None:
+                launch = LaunchConfig(cand.launch.grid, cand.launch.block, cand.launch.shared_memory)
+            spec = CandidateSpec(
+                kernel_name=meta.name, index=c, entry=cand.entry, binaries=binaries, launch=launch,
+                num_inputs=len(meta.inputs), num_outputs=len(meta.outputs), symbols=meta.symbols,
+                has_workspace=not (meta.workspace.is_constant and meta.workspace.constant == 0),
+            )
+            try:
+                loaded.append(backend.load_kernel(spec, index))
+            except KernelError:
+                raise
+            except Exception as exc:  # a plugin bug must still say which kernel it was loading
+                raise KernelError(f"{spec.describe()}: the {meta.device} plugin failed to load it: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        tasks.append(CompiledTask(k, meta, backend, index, tuple(loaded)))
+    return tuple(tasks)
+
+
+def candidate_counts(tasks: Sequence[CompiledTask]) -> list[int]:
+    return [len(t.candidates) for t in tasks]

@@ -1,0 +1,26 @@
+"""engine-cpu: the CPU device plugin of ``engine``.
+
+C kernels (``c-source``) are compiled with the system compiler and shared objects (``elf-so``)
+are loaded with ctypes; see ``backend.CpuBackend`` for how the allocator, compiler and program
+roles fit together, and DESIGN §4 for the kernel ABI.
+"""
+
+from engine_cpu.backend import NUM_THREADS_ENV, CpuBackend
+from engine_cpu.compiler import CCompiler, CompilerError
+from engine_cpu.fused import CpuFusedLaunch
+from engine_cpu.host import host_target
+from engine_cpu.kernel import CpuKernel, CpuPreparedLaunch
+from engine_cpu.program import Library, ProgramLoader
+
+__all__ = [
+    "CpuBackend",
+    "CpuKernel",
+    "CpuPreparedLaunch",
+    "CpuFusedLaunch",
+    "CCompiler",
+    "CompilerError",
+    "Library",
+    "ProgramLoader",
+    "host_target",
+    "NUM_THREADS_ENV",
+]

@@ -1,0 +1,65 @@
+"""The allocator role: aligned host memory and synchronous copies.
+
+Memory comes from numpy rather than ``posix_memalign`` so that ownership is ordinary Python
+reference counting: the ``Storage`` holds the array as its ``owner``, views into it keep it
+alive, and nothing needs an explicit free (no finalizer can run twice or too early). numpy only
+guarantees 16-byte alignment, so we over-allocate by the alignment and slice at the first
+aligned byte; kernels and planned workspace offsets rely on that alignment for vector loads.
+
+CPU "streams" do not exist: every copy and memset completes before it returns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from engine.device import Device
+from engine.storage import Storage
+
+__all__ = ["HostAllocator", "copy", "memset"]
+
+
+class HostAllocator:
+    """Hands out ``Storage`` whose ``addr`` is ``alignment``-aligned host memory."""
+
+    __slots__ = ("device", "alignment")
+
+    def __init__(self, device: Device, alignment: int):
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"alignment must be a power of two, got {alignment}")
+        self.device = device
+        self.alignment = alignment
+
+    def allocate(self, nbytes: int) -> Storage:
+        """``nbytes`` of uninitialised memory; zero bytes gives a valid aligned address and an empty view."""
+        # np.empty raises MemoryError (a subclass) on failure; BackendBase adds size and device.
+        raw = np.empty(nbytes + self.alignment, dtype=np.uint8)
+        base = raw.ctypes.data
+        offset = (-base) % self.alignment
+        block = raw[offset:offset + nbytes]
+        return Storage(self.device, base + offset, nbytes,
+                       host_view=memoryview(block).cast("B"), owner=raw)
+
+
+def _check(nbytes: int) -> None:
+    # ctypes converts a negative size to a huge size_t: refuse it before it reaches libc.
+    if nbytes < 0:
+        raise ValueError(f"byte count must be non-negative, got {nbytes}")
+
+
+def copy(dst_addr: int, src_addr: int, nbytes: int) -> None:
+    """``memmove``: host to host, which on the CPU covers all three copy directions."""
+    _check(nbytes)
+    if nbytes:
+        ctypes.memmove(dst_addr, src_addr, nbytes)
+
+
+def memset(addr: int, value: int, nbytes: int) -> None:
+    """Set ``nbytes`` bytes at ``addr`` to the byte ``value``."""
+    _check(nbytes)
+    if not 0 <= value <= 255:
+        raise ValueError(f"memset value must be a byte (0..255), got {value}")
+    if nbytes:
+        ctypes.memset(addr, value, nbytes)

@@ -1,0 +1,177 @@
+"""The compiler role: C source to shared-object bytes, with a content-addressed disk cache.
+
+Flags are deliberately portable: ``-O3`` but never ``-march=native`` unless the caller passes it,
+because bundles built here are loaded on other machines of the same target. ``-lm`` is linked by
+default since numeric kernels routinely call ``expf`` and friends.
+
+Cache: ``<cache_dir>/cpu/build/<key>.so`` plus ``<key>.so.sha256``, where ``key`` is the sha256
+of the source, the compiler's path and version line, and the flags. The source is compiled under
+a fixed file name in a private temp dir so that identical inputs give identical bytes (the ELF
+records the source file name), which keeps concurrent builders' results interchangeable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from engine.backend import BinaryPayload
+from engine.errors import KernelError
+
+from engine_cpu.cache import atomic_write, key_lock, read_verified, sha256_hex
+from engine_cpu.host import host_target
+
+__all__ = ["CCompiler", "CompilerError", "BASE_FLAGS", "OPTIONS", "uses_openmp"]
+
+BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11")
+#: The ``options`` keys ``compile`` understands; anything else is refused so a typo is not ignored.
+OPTIONS = ("openmp", "flags", "entry", "name")
+
+_SOURCE_NAME = "kernel.c"
+_OUTPUT_NAME = "kernel.so"
+_TIMEOUT_S = 600
+_OMP_PATTERN = re.compile(r"^\s*#\s*(pragma\s+omp\b|include\s*[<\"]omp\.h[>\"])", re.MULTILINE)
+
+
+class CompilerError(KernelError):
+    """The C compiler rejected a source; ``log`` holds its output, ``command`` the command line."""
+
+    def __init__(self, message: str, *, log: str = "", command: Sequence[str] = ()):
+        super().__init__(message)
+        self.log = log
+        self.command = tuple(command)
+
+
+def uses_openmp(source: str) -> bool:
+    """Whether a C source uses OpenMP (so a bundle's c-source is built with ``-fopenmp``)."""
+    return _OMP_PATTERN.search(source) is not None
+
+
+class CCompiler:
+    """Runs the system C compiler (``$CC`` read once, else ``cc``) and caches what it builds.
+
+    ``invocations`` counts real compiler runs in this object (cache hits do not count).
+    """
+
+    def __init__(self, cache_dir: Path, cc: str | None = None):
+        self.command = tuple(shlex.split(cc)) if cc and cc.strip() else ("cc",)
+        self.build_dir = Path(cache_dir) / "cpu" / "build"
+        self.invocations = 0
+        self._identity: str | None = None  # resolved on first compile (runs `cc --version`)
+        self._lock = threading.Lock()
+        self._memo: dict[str, bytes] = {}  # key -> verified bytes, so repeat loads skip the disk
+
+    # -- identity ------------------------------------------------------------------------------
+    def available(self) -> str | None:
+        """``None`` if the compiler can be found, else why not."""
+        if shutil.which(self.command[0]) is None:
+            return (f"no C compiler {self.command[0]!r} on PATH; install gcc or clang, "
+                    "or set CC to a compiler")
+        return None
+
+    def identity(self) -> str:
+        """The compiler's resolved path and ``--version`` first line (part of every cache key)."""
+        with self._lock:
+            if self._identity is None:
+                problem = self.available()
+                if problem is not None:
+                    raise KernelError(problem)
+                path = shutil.which(self.command[0])
+                try:
+                    out = subprocess.run([*self.command, "--version"], capture_output=True, text=True,
+                                         timeout=60, check=False)
+                    lines = (out.stdout or out.stderr).splitlines()
+                except (OSError, subprocess.SubprocessError) as exc:
+                    raise KernelError(f"cannot run {self.command[0]!r} --version: {exc}") from exc
+                version = lines[0] if lines else ""
+                self._identity = "\n".join((str(path), *self.command[1:], version))
+            return self._identity
+
+    # -- compiling -----------------------------------------------------------------------------
+    def flags_for(self, options: Mapping[str, object] | None) -> tuple[str, ...]:
+        """The full flag list for ``options`` (validated)."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown cpu compile option(s) {unknown}; known: {list(OPTIONS)}")
+        extra = options.get("flags") or ()
+        if isinstance(extra, str) or not all(isinstance(f, str) for f in extra):  # type: ignore[union-attr]
+            raise ValueError(f"option 'flags' must be a sequence of strings, got {extra!r}")
+        omp = ("-fopenmp",) if options.get("openmp") else ()
+        return (*BASE_FLAGS, *omp, *extra)  # type: ignore[misc]
+
+    def compile(self, source: str, options: Mapping[str, object] | None = None) -> BinaryPayload:
+        """Build ``source`` into an ``elf-so`` payload for this machine's target."""
+        _, data = self.build(source, self.flags_for(options))
+        name = (options or {}).get("entry") or (options or {}).get("name") or sha256_hex(data)[:16]
+        return BinaryPayload(format="elf-so", target=host_target(), path=f"{name}.so", data=data)
+
+    def cache_key(self, source: str, flags: Sequence[str]) -> str:
+        h = hashlib.sha256()
+        for part in (source, self.identity(), "\0".join(flags)):
+            data = part.encode("utf-8")
+            h.update(len(data).to_bytes(8, "little"))  # length-prefixed: no ambiguous concatenation
+            h.update(data)
+        return h.hexdigest()
+
+    def build(self, source: str, flags: Sequence[str]) -> tuple[str, bytes]:
+        """``(cache key, shared-object bytes)`` for ``source``, compiling only on a cache miss."""
+        key = self.cache_key(source, flags)
+        data = self._memo.get(key)
+        if data is not None:
+            return key, data
+        so_path = self.build_dir / f"{key}.so"
+        data = self._read_cached(so_path)
+        if data is None:
+            try:
+                with key_lock(self.build_dir / f".{key}.lock"):
+                    data = self._read_cached(so_path)  # another process may have built it meanwhile
+                    if data is None:
+                        data = self._run(source, flags)
+                        atomic_write(so_path, data)
+                        # The hash is published after the object: a reader never trusts a .so whose
+                        # recorded hash is missing or belongs to an older file.
+                        atomic_write(so_path.with_name(so_path.name + ".sha256"), sha256_hex(data).encode())
+            except OSError as exc:
+                raise KernelError(f"cannot write the CPU build cache {self.build_dir}: {exc}; "
+                                  "set ENGINE_CACHE_DIR to a writable directory") from exc
+        self._memo[key] = data
+        return key, data
+
+    @staticmethod
+    def _read_cached(so_path: Path) -> bytes | None:
+        try:
+            recorded = so_path.with_name(so_path.name + ".sha256").read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return read_verified(so_path, recorded)
+
+    def _run(self, source: str, flags: Sequence[str]) -> bytes:
+        """Compile in a private temp dir under fixed names (reproducible bytes)."""
+        with tempfile.TemporaryDirectory(prefix="engine-cpu-cc-") as tmp:
+            Path(tmp, _SOURCE_NAME).write_text(source, encoding="utf-8")
+            # Flags go after the source: gcc/clang options are position-independent except -l,
+            # which --as-needed linkers only honour after the objects that need it.
+            cmd = [*self.command, _SOURCE_NAME, "-o", _OUTPUT_NAME, *flags, "-lm"]
+            self.invocations += 1
+            try:
+                proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True,
+                                      timeout=_TIMEOUT_S, check=False)
+            except subprocess.TimeoutExpired as exc:
+                raise CompilerError(f"C compiler timed out after {_TIMEOUT_S}s: {shlex.join(cmd)}",
+                                    command=cmd) from exc
+            except OSError as exc:
+                raise CompilerError(f"cannot run the C compiler {cmd[0]!r}: {exc}", command=cmd) from exc
+            log = (proc.stderr + proc.stdout).strip()
+            if proc.returncode != 0:
+                raise CompilerError(
+                    f"C compilation failed (exit code {proc.returncode}): {shlex.join(cmd)}\n{log}",
+                    log=log, command=cmd)
+            return Path(tmp, _OUTPUT_NAME).read_bytes()

@@ -1,0 +1,175 @@
+"""The program role: a kernel candidate's binaries to a loaded ``CpuKernel``.
+
+Per candidate the loader takes the first binary it can use here (DESIGN §3): an ``elf-so`` for
+this machine's target, else a ``c-source`` it compiles. Foreign binaries are skipped with the
+reason remembered, so that when nothing fits the error lists every binary and why it was refused.
+
+Shared objects are published at ``<cache_dir>/cpu/so/<sha256>.so`` (an existing file is re-hashed
+before it is trusted) and opened with ``RTLD_LOCAL`` so two kernels' symbols never collide. Opened
+libraries are cached per loader by content hash, so a thousand kernels cut from one ``.so`` open it
+once. Libraries are never closed: ``dlclose`` under a live function pointer would be a crash, and
+each ``CpuKernel`` holds its ``Library`` strongly.
+
+OpenMP's thread count (``num_threads``) is set with ``omp_set_num_threads`` when a library that
+resolves it is loaded. Note that in libgomp (and the OpenMP spec: ``nthreads-var`` has data
+environment scope) the setting is per calling thread, not process-wide: it is applied in the
+loading thread, and again lazily in every thread that calls ``CpuKernel.launch`` or ``prepare``.
+A prepared launch called from a thread that never launched or prepared anything runs with
+OpenMP's default (``OMP_NUM_THREADS`` or all cores).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from pathlib import Path
+
+from engine.backend import BinaryPayload, CandidateSpec
+from engine.errors import KernelError
+
+from engine_cpu.cache import atomic_write, read_verified, sha256_hex
+from engine_cpu.compiler import CCompiler, CompilerError, uses_openmp
+from engine_cpu.host import check_elf_header, host_target
+from engine_cpu.kernel import CpuKernel
+
+__all__ = ["Library", "ProgramLoader", "OpenMPThreads", "FORMATS"]
+
+FORMATS = ("elf-so", "c-source")
+_REBUILD_HINT = "rebuild the bundle or ship a c-source binary"
+
+
+class Library:
+    """An opened shared object; ``handle`` is the ``ctypes.CDLL`` (kept open for the process)."""
+
+    __slots__ = ("sha256", "path", "handle", "omp_set_num_threads")
+
+    def __init__(self, sha256: str, path: Path, handle: ctypes.CDLL):
+        self.sha256 = sha256
+        self.path = path
+        self.handle = handle
+        try:
+            # dlsym on a handle also searches the library's own dependencies (libgomp).
+            setter = handle["omp_set_num_threads"]
+        except AttributeError:
+            setter = None
+        else:
+            setter.argtypes = (ctypes.c_int,)
+            setter.restype = None
+        self.omp_set_num_threads = setter
+
+    def __repr__(self) -> str:
+        return f"<Library {self.path.name}>"
+
+
+class OpenMPThreads:
+    """Applies one OpenMP thread count once per (thread, OpenMP runtime)."""
+
+    def __init__(self, num_threads: int):
+        self.num_threads = num_threads
+        self._local = threading.local()
+
+    def apply(self, setter: ctypes._CFuncPtr) -> None:
+        done = getattr(self._local, "done", None)
+        if done is None:
+            done = self._local.done = set()
+        key = ctypes.cast(setter, ctypes.c_void_p).value  # one entry per libgomp in the process
+        if key not in done:
+            setter(self.num_threads)
+            done.add(key)
+
+
+class ProgramLoader:
+    """Loads candidates for one backend; owns the opened-library cache."""
+
+    def __init__(self, cache_dir: Path, compiler: CCompiler, num_threads: int | None = None):
+        self.so_dir = Path(cache_dir) / "cpu" / "so"
+        self.compiler = compiler
+        self.threads = OpenMPThreads(num_threads) if num_threads else None
+        self._libraries: dict[str, Library] = {}
+        self._lock = threading.Lock()
+
+    # -- what can be loaded --------------------------------------------------------------------
+    def loadable(self, binary_format: str, target: str) -> str | None:
+        """``None`` when a binary of this format and target can be used here, else the reason."""
+        if binary_format == "elf-so":
+            here = host_target()
+            return None if target == here else f"this machine is {here}"
+        if binary_format == "c-source":
+            return self.compiler.available()
+        return f"format {binary_format!r} is not one of cpu's formats {list(FORMATS)}"
+
+    # -- loading -------------------------------------------------------------------------------
+    def load_kernel(self, spec: CandidateSpec) -> CpuKernel:
+        refused: list[str] = []
+        for binary in spec.binaries:
+            reason = self.loadable(binary.format, binary.target)
+            if reason is not None:
+                refused.append(f"{binary.path} ({binary.format}, {binary.target}): {reason}")
+                continue
+            library = self._library_for(spec, binary)
+            return self._bind(spec, binary, library)
+        listing = "; ".join(refused) if refused else "the candidate lists no binaries"
+        raise KernelError(f"{spec.describe()}: no loadable binary: {listing}; {_REBUILD_HINT}")
+
+    def _library_for(self, spec: CandidateSpec, binary: BinaryPayload) -> Library:
+        where = f"{spec.describe()}: {binary.path} ({binary.format}, {binary.target})"
+        if binary.format == "elf-so":
+            return self.load_library(binary.data, where)
+        try:
+            source = bytes(binary.data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise KernelError(f"{where}: C source is not valid UTF-8: {exc}") from exc
+        # Bundle sources carry no options: OpenMP is enabled when the source uses it, since
+        # without -fopenmp its pragmas are silently ignored and omp_* calls fail to resolve.
+        flags = self.compiler.flags_for({"openmp": uses_openmp(source)})
+        try:
+            _, data = self.compiler.build(source, flags)
+        except CompilerError as exc:
+            raise CompilerError(f"{where}: {exc}", log=exc.log, command=exc.command) from exc
+        except KernelError as exc:
+            raise KernelError(f"{where}: {exc}") from exc
+        return self.load_library(data, f"{where} compiled")
+
+    def load_library(self, data: bytes | memoryview, where: str) -> Library:
+        """Open ``data`` as a shared object (once per content hash)."""
+        sha = sha256_hex(data)
+        with self._lock:
+            library = self._libraries.get(sha)
+            if library is not None:
+                return library
+            check_elf_header(data, where)
+            path = self.so_dir / f"{sha}.so"
+            try:
+                if read_verified(path, sha) is None:  # missing, truncated or tampered: (re)write
+                    atomic_write(path, data)
+            except OSError as exc:
+                raise KernelError(f"{where}: cannot write {path}: {exc}; "
+                                  "set ENGINE_CACHE_DIR to a writable directory") from exc
+            try:
+                handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+            except OSError as exc:
+                raise KernelError(f"{where}: cannot load the shared object: {exc}") from exc
+            library = Library(sha, path, handle)
+            if self.threads is not None and library.omp_set_num_threads is not None:
+                self.threads.apply(library.omp_set_num_threads)
+            self._libraries[sha] = library
+            return library
+
+    def _bind(self, spec: CandidateSpec, binary: BinaryPayload, library: Library) -> CpuKernel:
+        try:
+            function = library.handle[spec.entry]
+        except AttributeError as exc:
+            raise KernelError(
+                f"{spec.describe()}: {binary.path} ({binary.format}, {binary.target}) does not export "
+                f"the entry symbol {spec.entry!r}; check the candidate's 'entry' (C++ sources need "
+                "extern \"C\")") from exc
+        apply_threads = None
+        if self.threads is not None and library.omp_set_num_threads is not None:
+            apply_threads = functools.partial(self.threads.apply, library.omp_set_num_threads)
+        return CpuKernel(spec, binary, library, function, apply_threads)
+
+    def loaded_libraries(self) -> int:
+        """How many distinct shared objects this loader has opened."""
+        with self._lock:
+            return len(self._libraries)

@@ -1,0 +1,55 @@
+"""Test configuration: an isolated cache directory, registries, and the example model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory) -> Path:
+    """One compile/extract cache for the session, so C sources are compiled once."""
+    return tmp_path_factory.mktemp("engine-cache")
+
+
+@pytest.fixture(scope="session")
+def registry(session_cache):
+    """A registry with the installed CPU plugin (found through its entry point)."""
+    from support import make_registry
+
+    return make_registry(session_cache)
+
+
+@pytest.fixture(scope="session")
+def registry2(session_cache):
+    """A registry with the CPU plugin and a second kind, 'hostdev' (slot 3)."""
+    from support import make_registry
+
+    return make_registry(session_cache, with_hostdev=True)
+
+
+@pytest.fixture(scope="session")
+def mlp_bundle(tmp_path_factory, registry) -> Path:
+    """The example MLP saved once as a zip bundle."""
+    from engine.demo.mlp import build_mlp
+
+    path = tmp_path_factory.mktemp("mlp") / "mlp.cgb"
+    build_mlp(registry=registry).save(path)
+    return path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip `gpu` tests, with the reason, where no GPU exists (probing is done by each test's plugin)."""
+    for item in items:
+        if "gpu" in item.keywords and not _has_gpu():
+            item.add_marker(pytest.mark.skip(reason="no GPU device on this machine (nvidia-smi/rocm-smi absent)"))
+
+
+def _has_gpu() -> bool:
+    import shutil
+
+    return shutil.which("nvidia-smi") is not None or shutil.which("rocm-smi") is not None
