@@ -163,6 +163,7 @@ class Backend(Protocol):
     def availability(self) -> Availability: ...
     def device_count(self) -> int: ...
     def allocate(self, nbytes: int, device_index: int = 0) -> Storage: ...
+    def prepare_allocation(self, nbytes: int, device_index: int = 0) -> Callable[[], Storage]: ...
     def copy_from_host(self, dst_addr: int, src_addr: int, nbytes: int, stream: object = None) -> None: ...
     def copy_to_host(self, dst_addr: int, src_addr: int, nbytes: int, stream: object = None) -> None: ...
     def copy_device(self, dst_addr: int, src_addr: int, nbytes: int, stream: object = None) -> None: ...
@@ -218,6 +219,17 @@ class BackendBase:
 
     def _allocate(self, nbytes: int, device_index: int) -> Storage:
         raise NotImplementedError(f"{type(self).__name__}._allocate")
+
+    def prepare_allocation(self, nbytes: int, device_index: int = 0) -> Callable[[], Storage]:
+        """A zero-argument factory of ``nbytes`` allocations, checked once.
+
+        The fast path allocates every graph output afresh on every run through one of these.
+        The default goes through ``allocate``; backends may return something leaner.
+        """
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"allocation size must be a non-negative int, got {nbytes!r}")
+        allocate = self.allocate
+        return lambda: allocate(nbytes, device_index)
 
     def copy_from_host(self, dst_addr: int, src_addr: int, nbytes: int, stream: object = None) -> None:
         raise NotImplementedError(f"{type(self).__name__}.copy_from_host")

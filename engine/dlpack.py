@@ -105,8 +105,8 @@ class DLManagedTensorVersioned(ctypes.Structure):
     ]
 
 
-# Flat mirrors of the same memory for reading: one ctypes object per struct instead of one per
-# nested field (importing is on the path of every run input that arrives as a torch tensor).
+# Flat mirrors of the same memory for reading and patching: one ctypes object per struct instead
+# of one per nested field (importing is on the path of every run input that is a torch tensor).
 class _TensorFields(ctypes.Structure):
     _fields_ = [
         ("data", ctypes.c_void_p),

@@ -19,6 +19,7 @@ from engine import dtypes as _dtypes
 from engine.device import Device
 from engine.dtypes import DType
 from engine.errors import InputError
+from engine.hostptr import array_address
 from engine.storage import ExternalStorage, Storage
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ def tensor_from_numpy(array: np.ndarray, *, device: Device | str = _CPU) -> Tens
                          f"C-contiguous; pass np.ascontiguousarray(array) or use engine.asarray()")
     # A flat byte view: memoryview cannot describe ml_dtypes (bfloat16, float8) element formats.
     host_view = memoryview(array.reshape(-1).view(np.uint8))
-    storage = ExternalStorage(Device.parse(device), array.ctypes.data, array.nbytes, owner=array,
+    storage = ExternalStorage(Device.parse(device), array_address(array), array.nbytes, owner=array,
                               host_view=host_view)
     return Tensor(storage, dt, array.shape, 0)
 

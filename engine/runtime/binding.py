@@ -14,19 +14,21 @@ import numpy as np
 from engine.bundle.schema import GraphMetaData
 from engine.device import Device
 from engine.errors import InputError
+from engine.hostptr import array_address
 from engine.tensor import Tensor, from_dlpack
 
 __all__ = ["InputBinder"]
 
 
 class _InputSpec:
-    __slots__ = ("name", "dtype", "np_dtype", "device", "rank", "static_shape", "const_dims", "sym_dims")
+    __slots__ = ("name", "dtype", "np_dtype", "device", "on_cpu", "rank", "static_shape", "const_dims", "sym_dims")
 
     def __init__(self, name: str, sig: Any, symbols: Sequence[str], device: Device):
         self.name = name
         self.dtype = sig.dtype
         self.np_dtype = sig.dtype.numpy
         self.device = device
+        self.on_cpu = device == Device("cpu")
         self.rank = len(sig.shape)
         self.const_dims = tuple((d, e.constant) for d, e in enumerate(sig.shape) if e.is_constant)
         self.sym_dims = tuple((d, symbols.index(e.source)) for d, e in enumerate(sig.shape) if not e.is_constant)
@@ -43,7 +45,6 @@ class InputBinder:
                                       devices[sig.device])
                            for i, sig in enumerate(meta.inputs))
         self.count = len(self.specs)
-        self._cpu = Device("cpu")
 
     def bind(self, inputs: Sequence[Any]) -> tuple[list[int], list[Any], tuple[int, ...]]:
         if len(inputs) != self.count:
@@ -54,14 +55,14 @@ class InputBinder:
         keep = []
         for spec, x in zip(self.specs, inputs):
             if type(x) is np.ndarray:
-                if x.dtype != spec.np_dtype:
+                if x.dtype is not spec.np_dtype and x.dtype != spec.np_dtype:
                     raise InputError(f"{spec.name}: expected dtype {spec.dtype.name}, got numpy {x.dtype}")
-                if spec.device != self._cpu:
+                if not spec.on_cpu:
                     raise InputError(f"{spec.name}: expected a tensor on {spec.device}, got a numpy array (host "
                                      f"memory); move it with engine.asarray(x, device='{spec.device}')")
                 if not x.flags.c_contiguous:
                     raise InputError(f"{spec.name}: the array is not C-contiguous; pass np.ascontiguousarray(x)")
-                addr = x.__array_interface__["data"][0]
+                addr = array_address(x)
                 shape = x.shape
             else:
                 if type(x) is not Tensor:

@@ -105,7 +105,8 @@ class PreparedRun:
         self.launch_of_call = launch_of_call
         self.input_patches = tuple(tuple(p) for p in input_patches)
         self.slot_patches = tuple(tuple(p) for p in slot_patches)
-        self.slot_alloc = tuple((backends[s.kind].allocate, s.nbytes, device_index[s.kind]) for s in plan.output_slots)
+        self.slot_alloc = tuple(backends[s.kind].prepare_allocation(s.nbytes, device_index[s.kind])
+                                for s in plan.output_slots)
         self.wrap_outputs = OutputWrapper(contents, plan, backends, registry).wrap
         self._keep = keep
 
@@ -115,7 +116,7 @@ class PreparedRun:
             for set_tensor, a in patches:
                 set_tensor(a, addr)
         if out_storages is None:
-            out_storages = [alloc(nbytes, index) for alloc, nbytes, index in self.slot_alloc]
+            out_storages = [allocate() for allocate in self.slot_alloc]
         for patches, storage in zip(self.slot_patches, out_storages):
             addr = storage.addr
             for set_tensor, a in patches:

@@ -14,6 +14,7 @@ from engine.backend import BackendBase
 from engine.bundle.contents import BundleContents
 from engine.device import Device
 from engine.errors import InputError
+from engine.hostptr import array_address
 from engine.plugins import Registry
 from engine.storage import ExternalStorage
 from engine.tensor import Tensor, from_dlpack
@@ -31,12 +32,12 @@ def upload_host_array(array: np.ndarray, backend: BackendBase, device: Device, *
     if zero_copy and backend.host_accessible:
         # Bytes through numpy: ml_dtypes arrays (bfloat16, float8) export no buffer format.
         host = memoryview(array.reshape(-1).view(np.uint8)) if nbytes else memoryview(b"")
-        storage = ExternalStorage(device, array.__array_interface__["data"][0], nbytes, owner=array,
+        storage = ExternalStorage(device, array_address(array), nbytes, owner=array,
                                   host_view=host)
         return Tensor(storage, dtype, tuple(array.shape), 0, registry=registry)
     storage = backend.allocate(nbytes, device.index)
     if nbytes:
-        backend.copy_from_host(storage.addr, array.__array_interface__["data"][0], nbytes,
+        backend.copy_from_host(storage.addr, array_address(array), nbytes,
                                backend.current_stream(device.index))
         backend.synchronize(device.index)
     return Tensor(storage, dtype, tuple(array.shape), 0, registry=registry)

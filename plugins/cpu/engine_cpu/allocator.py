@@ -12,10 +12,12 @@ CPU "streams" do not exist: every copy and memset completes before it returns.
 from __future__ import annotations
 
 import ctypes
+from typing import Callable
 
 import numpy as np
 
 from engine.device import Device
+from engine.hostptr import array_address
 from engine.storage import Storage
 
 __all__ = ["HostAllocator", "copy", "memset"]
@@ -36,11 +38,23 @@ class HostAllocator:
         """``nbytes`` of uninitialised memory; zero bytes gives a valid aligned address and an empty view."""
         # np.empty raises MemoryError (a subclass) on failure; BackendBase adds size and device.
         raw = np.empty(nbytes + self.alignment, dtype=np.uint8)
-        base = raw.ctypes.data
+        base = array_address(raw)  # ~0.3 µs instead of ~2.5 µs for raw.ctypes.data: this runs per output per run
         offset = (-base) % self.alignment
-        block = raw[offset:offset + nbytes]
-        return Storage(self.device, base + offset, nbytes,
-                       host_view=memoryview(block).cast("B"), owner=raw)
+        return Storage(self.device, base + offset, nbytes, host_view=memoryview(raw)[offset:offset + nbytes],
+                       owner=raw)
+
+    def factory(self, nbytes: int) -> Callable[[], Storage]:
+        """``allocate`` with its size bound, for the per-run output allocations of the fast path."""
+        alignment, device, empty, uint8 = self.alignment, self.device, np.empty, np.uint8
+
+        def allocate() -> Storage:
+            raw = empty(nbytes + alignment, uint8)
+            base = array_address(raw)
+            offset = (-base) % alignment
+            return Storage(device, base + offset, nbytes, host_view=memoryview(raw)[offset:offset + nbytes],
+                           owner=raw)
+
+        return allocate
 
 
 def _check(nbytes: int) -> None:

@@ -18,7 +18,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import ClassVar, Mapping, Sequence
+from typing import Callable, ClassVar, Mapping, Sequence
 
 from engine.backend import Availability, BackendBase, BinaryPayload, CandidateSpec, PreparedLaunch
 from engine.device import Device
@@ -97,6 +97,12 @@ class CpuBackend(BackendBase):
     def _allocate(self, nbytes: int, device_index: int) -> Storage:
         self._check_index(device_index)
         return self._allocator.allocate(nbytes)
+
+    def prepare_allocation(self, nbytes: int, device_index: int = 0) -> Callable[[], Storage]:
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"allocation size must be a non-negative int, got {nbytes!r}")
+        self._check_index(device_index)
+        return self._allocator.factory(nbytes)
 
     def copy_from_host(self, dst_addr: int, src_addr: int, nbytes: int, stream: object = None) -> None:
         allocator.copy(dst_addr, src_addr, nbytes)

@@ -90,7 +90,7 @@ class CpuKernel:
 class CpuPreparedLaunch:
     """A kernel call with owned argument arrays; ``call()`` returns the kernel's int code."""
 
-    __slots__ = ("kernel", "call", "workspace_addr", "tensor_array_addr", "symbol_array_addr",
+    __slots__ = ("kernel", "call", "set_tensor", "workspace_addr", "tensor_array_addr", "symbol_array_addr",
                  "function_addr", "_tensors", "_symbols", "_workspace")
 
     def __init__(self, kernel: CpuKernel, tensor_addrs: Sequence[int], symbol_values: Sequence[int],
@@ -106,10 +106,10 @@ class CpuPreparedLaunch:
         self.function_addr = kernel.function_addr
         self.call: Callable[[], int] = functools.partial(kernel._untyped, self._tensors, self._symbols,
                                                          self._workspace)
-
-    def set_tensor(self, index: int, addr: int) -> None:
-        """Point tensor argument ``index`` at ``addr`` for later calls (and fused runs)."""
-        self._tensors[index] = addr
+        #: ``set_tensor(index, addr)`` points tensor argument ``index`` at ``addr`` for later calls
+        #: (and fused runs). It is the argument array's own ``__setitem__``: the fast path patches
+        #: inputs and outputs with it on every run, and a Python method frame would double its cost.
+        self.set_tensor: Callable[[int, int], None] = self._tensors.__setitem__
 
     def tensor_addrs(self) -> tuple[int, ...]:
         """The current tensor arguments (NULL reads as 0)."""
