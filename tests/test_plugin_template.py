@@ -1,8 +1,9 @@
 """The third-party plugin template (examples/plugin-template) works as a real plugin would.
 
 It is registered the way the entry point would register it, then used end to end: build a
-bundle on device "template", save it, load it and compare against numpy. Two broken plugins
-check the registry's isolation: one whose hook raises, one that speaks another API major.
+bundle on device "template", save it, load it and compare against numpy, also with builtin copies
+between the cpu and "template". Two broken plugins check the registry's isolation: one whose hook
+raises, one that speaks another API major.
 """
 
 from __future__ import annotations

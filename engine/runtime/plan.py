@@ -90,6 +90,10 @@ def build_key_plan(contents: BundleContents, key: tuple[int, ...], alignment: Ma
     members: dict[int, list[int]] = {}
     for t, root in enumerate(an.alias_root):
         members.setdefault(root, []).append(t)
+    for root, group in members.items():  # kernels writing in place into a graph input use its buffer
+        if an.roles[root] == ROLE_INPUT:
+            for m in group:
+                placements[m] = placements[root]
 
     output_slots: list[OutputSlot] = []
     slot_of_root: dict[int, int] = {}
@@ -155,8 +159,7 @@ def build_key_plan(contents: BundleContents, key: tuple[int, ...], alignment: Ma
         env=env,
         shapes=tuple(shapes),
         nbytes=tuple(nbytes),
-        placements=tuple(p if p is not None else Placement(WORKSPACE, 0, ex.tensor_device[t])
-                         for t, p in enumerate(placements)),
+        placements=tuple(_placed(placements)),
         output_slots=tuple(output_slots),
         outputs=tuple(outputs),
         scratch=tuple(scratch),
@@ -165,3 +168,10 @@ def build_key_plan(contents: BundleContents, key: tuple[int, ...], alignment: Ma
         lower_bound_bytes=bounds,
         no_reuse_bytes=no_reuse,
     )
+
+
+def _placed(placements: list[Placement | None]) -> list[Placement]:
+    missing = [t for t, p in enumerate(placements) if p is None]
+    if missing:  # every tensor is an input, weight, output or planned; anything else is a planner bug
+        raise RuntimeError(f"internal error: the memory plan left tensors {missing} without storage")
+    return placements  # type: ignore[return-value]
