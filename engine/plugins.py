@@ -147,7 +147,10 @@ class Registry:
                 try:
                     plugin = ep.load()
                 except Exception as exc:  # noqa: BLE001 - import failures are recorded, not raised
-                    self._record(ep.name, dist, version, f"import failed: {type(exc).__name__}: {exc}", exc=exc)
+                    # The entry point's name is, by convention, the kind it provides.
+                    kinds = (ep.name,) if KIND_PATTERN.match(ep.name) else ()
+                    self._record(ep.name, dist, version, f"import failed: {type(exc).__name__}: {exc}", kinds=kinds,
+                                 exc=exc)
                     continue
                 self.register_plugin(plugin, name=ep.name, distribution=dist, version=version)
 
@@ -162,7 +165,11 @@ class Registry:
         return [k for k in wanted if k in self._backends]
 
     def backend(self, kind: str) -> BackendBase:
-        """The backend for ``kind``; ``DeviceUnavailableError`` saying what to install otherwise."""
+        """The backend for ``kind``.
+
+        Raises ``PluginError`` with the recorded cause when the plugin for ``kind`` is installed but
+        broken, and ``DeviceUnavailableError`` saying what to install when nothing provides it.
+        """
         self.load_entry_points()
         wanted = self.settings.devices
         if wanted is not None and kind not in wanted:
@@ -173,9 +180,9 @@ class Registry:
             return entry.backend
         for failure in self._failures:
             if kind in failure.kinds or (failure.distribution and failure.distribution == KNOWN_DISTRIBUTIONS.get(kind)):
-                raise DeviceUnavailableError(
+                raise PluginError(
                     f"device kind {kind!r}: plugin {failure.plugin!r} "
-                    f"({failure.distribution or 'unknown distribution'}) failed to load: {failure.cause}")
+                    f"({failure.distribution or 'unknown distribution'}) could not be used: {failure.cause}")
         hint = KNOWN_DISTRIBUTIONS.get(kind)
         install = f"install the '{hint}' distribution" if hint else f"install a plugin that provides kind {kind!r}"
         have = ", ".join(self._backends) or "none"
@@ -189,7 +196,12 @@ class Registry:
         """Every kind, usable or not, with the reason when it cannot be used."""
         self.load_entry_points()
         rows = []
+        wanted = self.settings.devices
         for kind, entry in self._backends.items():
+            if wanted is not None and kind not in wanted:
+                rows.append(DeviceInfo(kind, False, 0, (), entry.distribution, entry.version, entry.backend.api_version,
+                                       entry.backend.workspace_slot, f"excluded by ENGINE_DEVICES={','.join(wanted)}"))
+                continue
             try:
                 avail = entry.backend.availability()
             except Exception as exc:  # noqa: BLE001 - a plugin's availability probe must not break listing

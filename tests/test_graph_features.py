@@ -170,3 +170,19 @@ def test_cli_devices_and_demo(tmp_path):
     assert (tmp_path / "mlp.cgb").is_file()
     bad = env_run("frobnicate")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_tune_ahead_of_time_then_no_slow_path(mlp_bundle, registry, tmp_path):
+    graph = engine.load_compiled_graph(mlp_bundle, registry=registry)
+    progress = []
+    rows = graph.tune(batch=[1, 2, 4, 8], progress=lambda done, total, sym: progress.append((done, total, sym)))
+    assert set(rows) == {(1,), (2,), (4,), (8,)} and progress[-1] == (4, 4, {"batch": 8})
+    assert graph.run_stats().slow_runs == 4
+    graph.save(tmp_path / "tuned.cgb", save_dispatch_table=True)
+    loaded = engine.load_compiled_graph(tmp_path / "tuned.cgb", registry=registry)
+    loaded.dispatch_policy = "error"  # production setting: any untuned key would raise
+    for batch in (1, 2, 4, 8):
+        loaded.run_async([np.ones((batch, 64), np.float32)])
+    assert loaded.run_stats().slow_runs == 0 and loaded.run_stats().prepared_runs == 4
+    with pytest.raises(engine.InputError, match="needs values for exactly the symbols"):
+        graph.tune(seq=[1])

@@ -155,7 +155,7 @@ def test_a_backend_of_another_api_major_is_refused(registry: Registry) -> None:
     row = next(r for r in engine.devices(registry) if r.kind == "future")
     assert not row.available
     assert "speaks plugin API 2.0, this engine speaks 1.0" in row.reason
-    with pytest.raises(engine.DeviceUnavailableError, match=r"'future'.*speaks plugin API 2\.0.*upgrade"):
+    with pytest.raises(engine.PluginError, match=r"'future'.*speaks plugin API 2\.0.*upgrade"):
         registry.backend("future")
     assert registry.backend("template") is not None
 

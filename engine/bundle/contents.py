@@ -26,6 +26,8 @@ from engine.errors import BundleError
 __all__ = ["BundleContents", "read_bundle", "bundle_members", "WEIGHT_ALIGNMENT", "weights_layout"]
 
 WEIGHT_ALIGNMENT = 64
+#: Largest kernel binary the reader accepts (a fat cubin is tens of MiB; 1 GiB is clearly hostile).
+MAX_BINARY_BYTES = 2**30
 
 
 @attrs.frozen(eq=False)
@@ -42,6 +44,8 @@ class BundleContents:
     dispatch_rows: dict[tuple[int, ...], tuple[int, ...]]
     graph_string: str
     analysis: GraphAnalysis
+    #: Kernel binaries by member name, read and hash-checked at load (before any plugin is asked).
+    binaries: dict[str, bytes]
 
     @property
     def identity(self) -> str:
@@ -52,8 +56,8 @@ class BundleContents:
         return not self.execution.weights_index or self.weight_blob is not None or self.npz_weights is not None
 
     def binary(self, kernel_index: int, path: str) -> bytes:
-        """A kernel binary's bytes, hash-checked against the manifest."""
-        return self.archive.read(_binary_member(kernel_index, path), max_size=2**31)
+        """A kernel binary's bytes (hash-checked against the manifest when the bundle was read)."""
+        return self.binaries[_binary_member(kernel_index, path)]
 
 
 def _binary_member(kernel_index: int, path: str) -> str:
@@ -79,6 +83,7 @@ def _read(archive: BundleArchive) -> BundleContents:
     meta = GraphMetaData.from_json(JsonReader("meta.json"), _json(archive, "meta.json"))
     execution = GraphExecution.from_json(JsonReader("graph_execution.json"), _json(archive, "graph_execution.json"))
     kernels = []
+    binaries: dict[str, bytes] = {}
     for k in range(meta.num_kernels):
         member = f"kernels/{k}/meta.json"
         kernel = KernelMeta.from_json(JsonReader(member), _json(archive, member))
@@ -88,6 +93,8 @@ def _read(archive: BundleArchive) -> BundleContents:
                 if name not in archive:
                     raise BundleError(f"binary {binary.path!r} is not in the bundle (expected member {name!r})",
                                       member=member, path=f"$.candidates[{c}].binaries[{b}].path")
+                if name not in binaries:
+                    binaries[name] = archive.read(name, max_size=MAX_BINARY_BYTES)
         kernels.append(kernel)
 
     entries: tuple[WeightEntry, ...] | None = None
@@ -121,7 +128,8 @@ def _read(archive: BundleArchive) -> BundleContents:
     graph_string = ""
     if "graph_string.txt" in archive:
         graph_string = archive.read("graph_string.txt").decode("utf-8", errors="replace")
-    return BundleContents(archive, meta, execution, tuple(kernels), entries, blob, npz, rows, graph_string, analysis)
+    return BundleContents(archive, meta, execution, tuple(kernels), entries, blob, npz, rows, graph_string, analysis,
+                          binaries)
 
 
 def _read_npz(archive: BundleArchive, count: int) -> tuple[np.ndarray, ...]:

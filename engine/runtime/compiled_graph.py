@@ -8,11 +8,10 @@ reads the thread's state and one dict; nothing in it is process-global (DESIGN Â
 
 from __future__ import annotations
 
-import io
+import itertools
 import threading
-import weakref
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import attrs
 import numpy as np
@@ -49,17 +48,26 @@ class RunStats:
     tuned_keys: int
 
 
-class _ThreadState:
-    __slots__ = ("generation", "runs", "workspaces", "streams", "fast_runs", "slow_runs", "prepared", "__weakref__")
+class _Counters:
+    """Per-thread run counts; kept by the graph after the thread ends (its workspaces are not)."""
 
-    def __init__(self, generation: int, streams: dict[str, object]):
+    __slots__ = ("fast_runs", "slow_runs", "prepared")
+
+    def __init__(self) -> None:
+        self.fast_runs = 0
+        self.slow_runs = 0
+        self.prepared = 0
+
+
+class _ThreadState:
+    __slots__ = ("generation", "runs", "workspaces", "streams", "counters", "__weakref__")
+
+    def __init__(self, generation: int, streams: dict[str, object], counters: _Counters):
         self.generation = generation
         self.runs: dict[tuple[int, ...], PreparedRun] = {}
         self.workspaces: dict[str, Storage] = {}
         self.streams = streams
-        self.fast_runs = 0
-        self.slow_runs = 0
-        self.prepared = 0
+        self.counters = counters
 
 
 class CompiledGraph:
@@ -95,7 +103,7 @@ class CompiledGraph:
         self._plans: dict[tuple[int, ...], KeyPlan] = {}
         self._lock = threading.RLock()
         self._local = threading.local()
-        self._states: "weakref.WeakSet[_ThreadState]" = weakref.WeakSet()
+        self._counters: list[_Counters] = []
         self._generation = 0
         self._hooks: list[ModelExecutionHook] = []
         self._tuning_log: dict[tuple[int, ...], list[CandidateTiming]] = {}
@@ -164,7 +172,7 @@ class CompiledGraph:
         if run is None or self._hooks:
             result = self._run_slow(state, key, addrs, keep, out_storages)
         else:
-            state.fast_runs += 1
+            state.counters.fast_runs += 1
             result = run.run(addrs, keep, out_storages)
         if output_to_torch_tensor:
             return [t.torch() for t in result]
@@ -173,13 +181,14 @@ class CompiledGraph:
     def _new_state(self) -> _ThreadState:
         streams = {k: b.current_stream(self._device_index[k]) for k, b in self._backends.items()}
         old = getattr(self._local, "state", None)
-        state = _ThreadState(self._generation, streams)
-        if old is not None:  # keep workspaces across a set_weights; prepared runs must be rebuilt
+        if old is not None:  # keep workspaces and counts across a set_weights; prepared runs are rebuilt
+            state = _ThreadState(self._generation, streams, old.counters)
             state.workspaces = old.workspaces
-            state.fast_runs, state.slow_runs, state.prepared = old.fast_runs, old.slow_runs, old.prepared
+        else:
+            state = _ThreadState(self._generation, streams, _Counters())
+            with self._lock:
+                self._counters.append(state.counters)
         self._local.state = state
-        with self._lock:
-            self._states.add(state)
         return state
 
     def _key_plan(self, key: tuple[int, ...]) -> KeyPlan:
@@ -231,8 +240,15 @@ class CompiledGraph:
             run = PreparedRun(self._contents, plan, self._tasks, choices, weights, state.workspaces, state.streams,
                               self._backends, self._device_index, self._registry)
             state.runs[key] = run
-            state.prepared += 1
+            state.counters.prepared += 1
             return run.run(addrs, keep, out_storages)
+        return self._interpret(state, plan, choices, addrs, keep, out_storages)
+
+    def _interpret(self, state: _ThreadState, plan: KeyPlan, choices: list[int | None], addrs: list[int],
+                   keep: list[Any], out_storages: list[Storage] | None) -> list[Tensor]:
+        """Run instruction by instruction, tuning the tasks whose choice is ``None``, and record it."""
+        key = plan.key
+        weights = self._weights_or_raise()
         if out_storages is None:
             out_storages = [self._backends[s.kind].allocate(s.nbytes, self._device_index[s.kind])
                             for s in plan.output_slots]
@@ -240,13 +256,14 @@ class CompiledGraph:
                             workspaces=state.workspaces, streams=state.streams, backends=self._backends,
                             device_index=self._device_index, input_addrs=addrs, out_storages=out_storages,
                             hooks=tuple(self._hooks), tuning=self.tuning, registry=self._registry)
-        state.slow_runs += 1
+        state.counters.slow_runs += 1
         if timings:
             self._dispatch.record(key, tuple(c or 0 for c in choices))
             with self._lock:
                 self._tuning_log[key] = timings
         # Outputs are wrapped exactly as the fast path does (share_map and copied inputs included).
-        return OutputWrapper(self._contents, plan, self._backends, self._registry).wrap(addrs, keep, out_storages)
+        wrapper = OutputWrapper(self._contents, plan, self._backends, self._device_index, self._registry)
+        return wrapper.wrap(addrs, keep, out_storages)
 
     def _output_storages(self, outputs: Sequence[Any], key: tuple[int, ...]) -> list[Storage]:
         plan = self._key_plan(key)
@@ -270,10 +287,54 @@ class CompiledGraph:
 
     # -- tuning and introspection ---------------------------------------------------------------
     def run_stats(self) -> RunStats:
+        """Counts over every thread that ever ran this graph."""
         with self._lock:
-            states = list(self._states)
-        return RunStats(sum(s.fast_runs for s in states), sum(s.slow_runs for s in states),
-                        sum(s.prepared for s in states), len(self._dispatch))
+            counters = list(self._counters)
+        return RunStats(sum(c.fast_runs for c in counters), sum(c.slow_runs for c in counters),
+                        sum(c.prepared for c in counters), len(self._dispatch))
+
+    def tune(self, progress: Callable[[int, int, dict[str, int]], None] | None = None,
+             **symbols: int | Iterable[int]) -> dict[tuple[int, ...], tuple[int, ...]]:
+        """Tune ahead of time over the grid of the given symbol values (``batch=[1, 8, 64]``).
+
+        Keys already in the dispatch table are kept. Each new key runs once on zero-filled inputs
+        through the slow path, whatever the dispatch policy. ``progress(done, total, symbols)`` is
+        called after each key. Returns the rows for the whole grid; save them with
+        ``save(..., save_dispatch_table=True)``.
+        """
+        names = self.meta.symbols
+        missing = [s for s in names if s not in symbols]
+        unknown = [s for s in symbols if s not in names]
+        if missing or unknown:
+            raise InputError(f"tune needs values for exactly the symbols {list(names)}; missing {missing}, "
+                             f"unknown {unknown}")
+        axes = [[int(v) for v in ([symbols[s]] if isinstance(symbols[s], int) else symbols[s])] for s in names]
+        grid = list(itertools.product(*axes))
+        state = getattr(self._local, "state", None)
+        if state is None or state.generation != self._generation:
+            state = self._new_state()
+        for done, key in enumerate(grid, start=1):
+            if key not in self._dispatch and self._dispatch.needs_tuning:
+                plan = self._key_plan(key)
+                self._ensure_workspaces(state, plan)
+                inputs = self._zero_inputs(plan)
+                addrs = [t.addr for t in inputs]
+                self._interpret(state, plan, [None if len(t.candidates) > 1 else 0 for t in self._tasks], addrs,
+                                inputs, None)
+            if progress is not None:
+                progress(done, len(grid), dict(zip(names, key)))
+        return {key: self._dispatch.get(key) or self._dispatch.trivial_choice() for key in grid}
+
+    def _zero_inputs(self, plan: KeyPlan) -> list[Tensor]:
+        out = []
+        for i, sig in enumerate(self.meta.inputs):
+            backend = self._backends[sig.device]
+            index = self._device_index[sig.device]
+            storage = backend.allocate(plan.nbytes[i], index)
+            if storage.nbytes:
+                backend.memset(storage.addr, 0, storage.nbytes, backend.current_stream(index))
+            out.append(Tensor(storage, sig.dtype, plan.shapes[i], 0, registry=self._registry))
+        return out
 
     def tuning_results(self) -> dict[tuple[int, ...], list[CandidateTiming]]:
         with self._lock:

@@ -107,7 +107,7 @@ class PreparedRun:
         self.slot_patches = tuple(tuple(p) for p in slot_patches)
         self.slot_alloc = tuple(backends[s.kind].prepare_allocation(s.nbytes, device_index[s.kind])
                                 for s in plan.output_slots)
-        self.wrap_outputs = OutputWrapper(contents, plan, backends, registry).wrap
+        self.wrap_outputs = OutputWrapper(contents, plan, backends, device_index, registry).wrap
         self._keep = keep
 
     def run(self, input_addrs: Sequence[int], inputs: Sequence[Any],
@@ -142,14 +142,16 @@ class OutputWrapper:
 
     __slots__ = ("outputs", "output_meta", "copies", "registry")
 
-    def __init__(self, contents: BundleContents, plan: KeyPlan, backends: dict[str, BackendBase], registry: Registry):
+    def __init__(self, contents: BundleContents, plan: KeyPlan, backends: dict[str, BackendBase],
+                 device_index: dict[str, int], registry: Registry):
         ex = contents.execution
         self.registry = registry
         self.outputs = plan.outputs
         self.output_meta = tuple((sig.dtype, plan.shapes[t]) for sig, t in zip(contents.meta.outputs, ex.outputs_index))
         # Inputs returned as outputs without share_map are copied into their fresh output buffer.
         self.copies = tuple(
-            (k, backends[plan.output_slots[ref].kind], plan.nbytes[ex.outputs_index[k]], ex.outputs_index[k])
+            (k, backends[plan.output_slots[ref].kind], plan.nbytes[ex.outputs_index[k]], ex.outputs_index[k],
+             device_index[plan.output_slots[ref].kind])
             for k, (what, ref) in enumerate(plan.outputs) if what == "copy")
 
     def wrap(self, input_addrs: Sequence[int], inputs: Sequence[Any], out_storages: Sequence[Storage]) -> list[Tensor]:
@@ -163,7 +165,7 @@ class OutputWrapper:
                     result.append(tensor_from_numpy(x))
             else:
                 result.append(Tensor(out_storages[ref], dtype, shape, 0, registry=self.registry))
-        for k, backend, nbytes, src in self.copies:
+        for k, backend, nbytes, src, index in self.copies:
             if nbytes:
-                backend.copy_device(result[k].addr, input_addrs[src], nbytes, backend.current_stream())
+                backend.copy_device(result[k].addr, input_addrs[src], nbytes, backend.current_stream(index))
         return result

@@ -29,7 +29,9 @@ def upload_host_array(array: np.ndarray, backend: BackendBase, device: Device, *
 
     dtype = from_numpy_dtype(array.dtype)
     nbytes = array.nbytes
-    if zero_copy and backend.host_accessible:
+    # Zero copy only when the bytes are aligned as the backend promises its kernels (a bundle written by
+    # another tool may not have aligned weights.bin in the archive); otherwise one aligned copy.
+    if zero_copy and backend.host_accessible and array_address(array) % backend.alignment == 0:
         # Bytes through numpy: ml_dtypes arrays (bfloat16, float8) export no buffer format.
         host = memoryview(array.reshape(-1).view(np.uint8)) if nbytes else memoryview(b"")
         storage = ExternalStorage(device, array_address(array), nbytes, owner=array,
