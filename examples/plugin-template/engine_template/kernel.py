@@ -50,7 +50,7 @@ class TemplateKernel:
 class TemplateLaunch:
     """Arguments bound once; the core patches input/output addresses with ``set_tensor``."""
 
-    __slots__ = ("kernel", "call", "_tensors", "_symbols")
+    __slots__ = ("kernel", "call", "set_tensor", "_tensors", "_symbols")
 
     def __init__(self, kernel: TemplateKernel, tensor_addrs: Sequence[int], symbol_values: Sequence[int],
                  workspace_addr: int):
@@ -58,11 +58,10 @@ class TemplateLaunch:
         self._tensors = (ctypes.c_void_p * len(tensor_addrs))(*tensor_addrs)
         self._symbols = (ctypes.c_int64 * len(symbol_values))(*symbol_values)
         workspace = ctypes.c_void_p(workspace_addr) if workspace_addr else None
-        # The hot path: one call with no Python work besides ctypes' own.
+        # The hot path: one call with no Python work besides ctypes' own, and patches that write
+        # straight into the argument array (no Python frame per patched address).
         self.call: Callable[[], int] = functools.partial(kernel.function, self._tensors, self._symbols, workspace)
-
-    def set_tensor(self, index: int, addr: int) -> None:
-        self._tensors[index] = addr
+        self.set_tensor: Callable[[int, int], None] = self._tensors.__setitem__
 
     def fail(self, code: int) -> NoReturn:
         raise kernel_failure(self.kernel.spec, code, _KIND)
