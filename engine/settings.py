@@ -30,7 +30,14 @@ class Settings:
     #: ``ENGINE_CACHE_DIR``: extracted kernels, compiled sources, dispatch tables.
     cache_dir: Path = attrs.field(factory=lambda: _default_cache_dir(os.environ))
     #: ``ENGINE_DISPATCH_POLICY``: what to do at a shape with no dispatch-table entry.
-    dispatch_policy: str = "tune"
+    dispatch_policy: str = attrs.field(default="tune")
+    #: ``ENGINE_DISPATCH_CACHE=0`` stops reading and writing tuned rows under ``cache_dir/dispatch``.
+    dispatch_cache: bool = True
+
+    @dispatch_policy.validator
+    def _check_policy(self, _attr: attrs.Attribute, value: str) -> None:
+        if value not in DISPATCH_POLICIES:
+            raise ValueError(f"dispatch policy {value!r}: expected one of {', '.join(DISPATCH_POLICIES)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -42,7 +49,12 @@ class Settings:
             raise ValueError(f"ENGINE_DISPATCH_POLICY={policy!r}: expected one of {', '.join(DISPATCH_POLICIES)}")
         return cls(
             devices=kinds,
-            autoload_plugins=env.get("ENGINE_PLUGINS_AUTOLOAD", "1").strip() not in ("0", "false", "no", "off"),
+            autoload_plugins=_flag(env.get("ENGINE_PLUGINS_AUTOLOAD", "1")),
             cache_dir=Path(env["ENGINE_CACHE_DIR"]) if env.get("ENGINE_CACHE_DIR") else _default_cache_dir(env),
             dispatch_policy=policy,
+            dispatch_cache=_flag(env.get("ENGINE_DISPATCH_CACHE", "1")),
         )
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() not in ("0", "false", "no", "off")

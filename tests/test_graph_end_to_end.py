@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -19,9 +20,20 @@ from engine.demo.mlp import build_mlp, mlp_weights, reference_mlp
 BATCHES = (1, 3, 64)
 
 
-def _run_in_fresh_process(script: str, *args: str) -> subprocess.CompletedProcess:
+@pytest.fixture
+def fresh_registry(tmp_path):
+    """A registry whose cache directory is this test's own: no dispatch rows tuned by other tests."""
+    from support import make_registry
+
+    return make_registry(tmp_path / "cache")
+
+
+def _run_in_fresh_process(script: str, *args: str, cache_dir: Path | None = None) -> subprocess.CompletedProcess:
+    env = None
+    if cache_dir is not None:  # the child's dispatch cache is then only what this test put there
+        env = {**os.environ, "ENGINE_CACHE_DIR": str(cache_dir)}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
 
 
 @pytest.mark.parametrize("form", ["zip", "dir"])
@@ -40,7 +52,7 @@ def test_saved_bundle_runs_in_a_fresh_process(tmp_path, registry, form):
         xs = np.load(sys.argv[2])
         out = {k: graph.run_async([xs[k]])[0].numpy() for k in xs.files}
         np.savez(sys.argv[3], **out)
-    """, str(path), str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz"))
+    """, str(path), str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz"), cache_dir=tmp_path / "child-cache")
     assert proc.returncode == 0, proc.stderr
     outputs = np.load(tmp_path / "outputs.npz")
     for b in BATCHES:
@@ -83,8 +95,10 @@ def test_caller_given_outputs_are_written(mlp_bundle, registry):
     assert np.shares_memory(res.numpy(), out)
 
 
-def test_tuning_then_fast_path(mlp_bundle, registry):
-    graph = engine.load_compiled_graph(mlp_bundle, registry=registry)
+def test_tuning_then_fast_path(mlp_bundle, fresh_registry):
+    from engine.runtime.tuning import select_candidate
+
+    graph = engine.load_compiled_graph(mlp_bundle, registry=fresh_registry)
     assert len(graph.dispatch_table) == 0
     x = np.ones((7, 64), np.float32)
     graph.run_async([x])
@@ -97,7 +111,8 @@ def test_tuning_then_fast_path(mlp_bundle, registry):
     assert {t.task for t in timings} == {i for i, t in enumerate(graph.compiled_tasks) if len(t.candidates) > 1}
     for t in timings:
         assert len(t.medians_ms) == 2 and all(m > 0 for m in t.medians_ms)
-        assert t.chosen == choice[t.task] == min(range(2), key=lambda c: (t.medians_ms[c], c))
+        kept = [c for c in range(2) if c not in t.dropped]
+        assert t.chosen == choice[t.task] == select_candidate(t.medians_ms, kept, graph.tuning.tie_tolerance)
     for _ in range(5):
         graph.run_async([x])
     stats = graph.run_stats()
@@ -105,7 +120,8 @@ def test_tuning_then_fast_path(mlp_bundle, registry):
     assert graph.dispatch_table[(7,)] == choice
 
 
-def test_dispatch_table_round_trip_skips_tuning(tmp_path, mlp_bundle, registry):
+def test_dispatch_table_round_trip_skips_tuning(tmp_path, mlp_bundle, fresh_registry):
+    registry = fresh_registry
     graph = engine.load_compiled_graph(mlp_bundle, registry=registry)
     for b in (2, 9):
         graph.run_async([np.ones((b, 64), np.float32)])
@@ -161,8 +177,8 @@ def test_set_weights_changes_results_of_prepared_runs(mlp_bundle, registry):
     np.testing.assert_allclose(graph.run_async([x])[0].numpy(), reference_mlp(x, w), rtol=1e-5, atol=1e-6)
 
 
-def test_pickle_round_trip_into_another_process(tmp_path, mlp_bundle, registry):
-    graph = engine.load_compiled_graph(mlp_bundle, registry=registry)
+def test_pickle_round_trip_into_another_process(tmp_path, mlp_bundle, fresh_registry):
+    graph = engine.load_compiled_graph(mlp_bundle, registry=fresh_registry)
     x = np.random.default_rng(4).standard_normal((6, 64)).astype(np.float32)
     (expected,) = graph.run_async([x])  # tunes batch=6, so the pickle carries a dispatch row
     (tmp_path / "graph.pkl").write_bytes(pickle.dumps(graph))
@@ -173,7 +189,8 @@ def test_pickle_round_trip_into_another_process(tmp_path, mlp_bundle, registry):
         out = graph.run_async([np.load(sys.argv[2])])[0].numpy()
         np.save(sys.argv[3], out)
         print(json.dumps({"slow": graph.run_stats().slow_runs, "keys": len(graph.dispatch_table)}))
-    """, str(tmp_path / "graph.pkl"), str(tmp_path / "x.npy"), str(tmp_path / "out.npy"))
+    """, str(tmp_path / "graph.pkl"), str(tmp_path / "x.npy"), str(tmp_path / "out.npy"),
+        cache_dir=tmp_path / "child-cache")
     assert proc.returncode == 0, proc.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected.numpy())
     info = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -16,6 +16,14 @@ import engine
 from engine.build import GraphBuilder
 from engine.demo.mlp import build_mlp, mlp_weights, reference_mlp
 
+
+@pytest.fixture
+def fresh_registry(tmp_path):
+    """A registry whose cache directory is this test's own: no dispatch rows tuned by other tests."""
+    from support import make_registry
+
+    return make_registry(tmp_path / "cache")
+
 SCALE_C = r"""
 #include <stdint.h>
 /* y = x * w (w has one element per column); in place when share_map says so. */
@@ -129,8 +137,8 @@ def test_threads_share_one_graph(mlp_bundle, registry):
     assert not errors, errors[0]
 
 
-def test_dispatch_policies(mlp_bundle, registry):
-    graph = engine.load_compiled_graph(mlp_bundle, registry=registry)
+def test_dispatch_policies(mlp_bundle, fresh_registry):
+    graph = engine.load_compiled_graph(mlp_bundle, registry=fresh_registry)
     x = np.ones((3, 64), np.float32)
     graph.dispatch_policy = "error"
     with pytest.raises(engine.InputError, match="no dispatch-table entry for batch=3"):
@@ -172,7 +180,8 @@ def test_cli_devices_and_demo(tmp_path):
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 
-def test_tune_ahead_of_time_then_no_slow_path(mlp_bundle, registry, tmp_path):
+def test_tune_ahead_of_time_then_no_slow_path(mlp_bundle, fresh_registry, tmp_path):
+    registry = fresh_registry
     graph = engine.load_compiled_graph(mlp_bundle, registry=registry)
     progress = []
     rows = graph.tune(batch=[1, 2, 4, 8], progress=lambda done, total, sym: progress.append((done, total, sym)))

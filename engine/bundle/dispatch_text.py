@@ -2,7 +2,9 @@
 
 First line: the symbol names separated by spaces (empty for a static graph). Each further line:
 ``<symbol values...> <candidate index per task...>``, one column per compiled task. Parsing is
-strict: a bad line is reported with its number, because a wrong table silently picks wrong kernels.
+strict: a bad line (wrong field count, a non-integer, a negative symbol value, a candidate index
+out of range, a key given twice) is reported with its number, because a wrong table silently picks
+wrong kernels. The same parser reads the per-bundle cache files (``engine.runtime.dispatch_cache``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def parse_dispatch_table(text: str, *, symbols: Sequence[str], candidates_per_ta
         raise BundleError(f"{len(lines) - 1} rows exceed the limit of {MAX_ROWS}", member=member)
     n_sym, n_task = len(symbols), len(candidates_per_task)
     rows: dict[tuple[int, ...], tuple[int, ...]] = {}
+    seen: dict[tuple[int, ...], int] = {}
     for number, line in enumerate(lines[1:], start=2):
         fields = line.split()
         if not fields:
@@ -49,6 +52,10 @@ def parse_dispatch_table(text: str, *, symbols: Sequence[str], candidates_per_ta
             if not 0 <= c < max(count, 1):
                 raise BundleError(f"line {number}: task {task} has {count} candidates, the row picks {c}",
                                   member=member)
+        if key in seen:
+            raise BundleError(f"line {number} repeats the key of line {seen[key]} ({' '.join(map(str, key))})",
+                              member=member)
+        seen[key] = number
         rows[key] = choice
     return rows
 

@@ -1,75 +1,157 @@
 """``engine``: command-line entry point.
 
-Exit codes: 0 success, 1 a failed check or run, 2 bad usage. Tracebacks only with ``--debug``.
+Exit codes (docs/cli.md): 0 success; 1 a failed check or run (hash mismatch, damaged bundle, kernel
+or plugin failure); 2 bad usage (unknown option, missing file, not a bundle, unknown symbol,
+malformed --input, a device this machine or the bundle does not have); 130 interrupted. Errors are
+one line on stderr; tracebacks only with ``--debug``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from engine.errors import EngineError
+from engine.cli.args import CheckFailed, UsageError
+from engine.cli.commands import COMMANDS
+from engine.cli.render import one_line
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from engine.plugins import Registry
+
+__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+EXAMPLES = """examples:
+  engine demo                                     build and run the example MLP (start here)
+  engine devices                                  device kinds, plugins, availability
+  engine inspect mlp.cgb                          what a bundle holds; can this machine run it?
+  engine verify mlp.cgb                           check every member's sha256, weights included
+  engine run mlp.cgb --random --symbol batch=8    run once on random inputs
+  engine bench mlp.cgb --symbol batch=1,8,64      latency and throughput per key
+  engine tune mlp.cgb --symbol batch=1..64 --save tune ahead of time, keep the table in the bundle
+  engine profile mlp.cgb --random --symbol batch=8
+  engine trace mlp.cgb --random --symbol batch=8 -o trace.json
+
+'engine COMMAND --help' shows each command's options and examples.
+exit codes: 0 success, 1 a failed check or run, 2 bad usage."""
 
 
-def _devices(args: argparse.Namespace) -> int:
-    from engine.plugins import default_registry
+def _common_parents() -> dict[str, argparse.ArgumentParser]:
+    debug = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: the option may come before or after the command without one overriding the other.
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks on errors")
+    json_opt = argparse.ArgumentParser(add_help=False)
+    json_opt.add_argument("--json", action="store_true", help="print the results as JSON (for scripts)")
+    device = argparse.ArgumentParser(add_help=False)
+    device.add_argument("--device", metavar="DEVICE",
+                        help="device to run on, e.g. cuda:1 (default: index 0 of each kind the bundle uses)")
+    inputs = argparse.ArgumentParser(add_help=False)
+    group = inputs.add_argument_group("inputs")
+    group.add_argument("-i", "--input", action="append", metavar="NAME=FILE",
+                       help="an input from a .npy file (repeat per input; FILE alone for a one-input graph)")
+    group.add_argument("--random", action="store_true", help="random data for every input not given by --input")
+    group.add_argument("-s", "--symbol", action="append", metavar="NAME=VALUE",
+                       help="a symbol's value for --random inputs, e.g. batch=8 (repeat per symbol)")
+    group.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    return {"debug": debug, "json": json_opt, "device": device, "inputs": inputs}
 
-    rows = default_registry().devices()
-    if not rows:
-        print("no device plugins installed; install 'engine-cpu' for the CPU")
-        return 1
-    print(f"{'kind':<8} {'available':<9} {'count':<5} {'slot':<4} {'api':<5} {'plugin':<22} detail")
-    for r in rows:
-        plugin = f"{r.distribution or '?'} {r.version or ''}".strip()
-        api = f"{r.api_version[0]}.{r.api_version[1]}" if r.api_version else "-"
-        detail = r.reason or ", ".join(r.device_names)
-        print(f"{r.kind:<8} {'yes' if r.available else 'no':<9} {r.device_count:<5} "
-              f"{'-' if r.workspace_slot is None else r.workspace_slot:<4} {api:<5} {plugin:<22} {detail}")
-    return 0
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error raises instead of exiting, so main() reports it in one place."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise _ArgparseError(self, message)
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from engine.cli.demo import run_demo
-
-    return run_demo(keep=args.keep)
+class _ArgparseError(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        super().__init__(message)
+        self.parser = parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from engine import __version__
+
+    parser = _Parser(
         prog="engine",
-        description="Run compiled graphs (bundles) on CPU, CUDA, HIP and third-party devices.",
-        epilog="examples:\n  engine demo          build, save, load and run the example MLP on the CPU\n"
-               "  engine devices       list device kinds and their plugins",
+        description="Inspect, verify, run, benchmark and tune compiled graphs (bundles) on CPU, CUDA, HIP and "
+                    "third-party devices.",
+        epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = sub.add_parser("demo", help="build, save, load and run the example MLP classifier on the CPU")
-    demo.add_argument("--keep", metavar="DIR", help="write the demo bundle into DIR and keep it")
-    demo.set_defaults(func=_demo)
-    devices = sub.add_parser("devices", help="list device kinds, their plugins and availability")
-    devices.set_defaults(func=_devices)
+    parser.add_argument("--version", action="version", version=f"engine {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    common = _common_parents()
+    for name in COMMANDS:
+        importlib.import_module(f"engine.cli.commands.{name}").register(sub, common)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, registry: "Registry | None" = None) -> int:
+    """Run the command line; returns the exit code. ``registry`` replaces the default plugin registry
+    (for embedding and tests)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _ArgparseError as exc:
+        # One line, like every other error; the usage is one --help away.
+        print(f"{exc.parser.prog}: error: {one_line(exc)} (see '{exc.parser.prog} --help')", file=sys.stderr)
+        return EXIT_USAGE
     if args.command is None:
         parser.print_help()
-        return 2
+        return EXIT_USAGE
+    debug = getattr(args, "debug", False)
+    args.registry = registry
+    from engine.errors import EngineError
+
     try:
         return args.func(args)
-    except EngineError as exc:
-        if args.debug:
+    except (UsageError, CheckFailed) as exc:
+        if debug:
             raise
-        print(f"engine {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        _report(args.command, exc)
+        return exc.exit_code
+    except EngineError as exc:
+        if debug:
+            raise
+        _report(args.command, exc)
+        return EXIT_FAILED
+    except BrokenPipeError:  # e.g. `engine inspect x.cgb --json | head`: the reader left, nothing to report
+        _silence_stdout()
+        return EXIT_FAILED
+    except OSError as exc:  # writing an output file, a disk full, ...
+        if debug:
+            raise
+        _report(args.command, exc.strerror and f"{exc.filename or ''}: {exc.strerror}".lstrip(": ") or exc)
+        return EXIT_FAILED
     except KeyboardInterrupt:
-        return 130
+        print(f"engine {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - the CLI's promise: one line, no traceback without --debug
+        if debug:
+            raise
+        _report(args.command, f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)")
+        return EXIT_FAILED
+
+
+def _silence_stdout() -> None:
+    """Point stdout at devnull so that the interpreter's final flush does not fail again (Python docs)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (embedded use): nothing to protect
+        pass
+
+
+def _report(command: str, exc: object) -> None:
+    print(f"engine {command}: error: {one_line(exc)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

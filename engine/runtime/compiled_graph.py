@@ -8,10 +8,13 @@ reads the thread's state and one dict; nothing in it is process-global (DESIGN Â
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import os
 import threading
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, cast
 
 import attrs
 import numpy as np
@@ -25,9 +28,13 @@ from engine.errors import BundleError, DeviceUnavailableError, InputError
 from engine.plugins import Registry, default_registry
 from engine.runtime.binding import InputBinder
 from engine.runtime.dispatch import DispatchTable
-from engine.runtime.interpreter import CandidateTiming, ModelExecutionHook, TuningOptions, interpret
+from engine.runtime.dispatch_cache import DispatchCache
+from engine.runtime.interpreter import InstructionObserver, ModelExecutionHook, interpret
 from engine.runtime.plan import KeyPlan, build_key_plan
 from engine.runtime.prepared import OutputWrapper, PreparedRun
+from engine.runtime.profile import Profile, ProfileRecorder
+from engine.runtime.trace import TraceRecorder, session_trace, trace_file_name, write_trace
+from engine.runtime.tuning import CandidateTiming, TuningOptions, TuningStats
 from engine.runtime.tasks import CompiledTask, load_tasks
 from engine.runtime.weights import check_weights, place_weights
 from engine.storage import ExternalStorage, Storage
@@ -36,6 +43,9 @@ from engine.tensor import Tensor, from_dlpack, tensor_from_numpy
 __all__ = ["CompiledGraph", "RunStats", "load_compiled_graph", "save_compiled_graph"]
 
 ENGINE_VERSION = "0.1.0"
+
+#: ``tune()`` stores tuned rows in the cache file at most this often (seconds), and at the end.
+_TUNE_FLUSH_S = 1.0
 
 
 @attrs.frozen
@@ -74,7 +84,7 @@ class CompiledGraph:
     """A compiled graph ready to run (reference API: ``hidet.runtime.CompiledGraph``)."""
 
     def __init__(self, contents: BundleContents, *, device: str | Device | None = None,
-                 registry: Registry | None = None):
+                 registry: Registry | None = None, dispatch_policy: str | None = None):
         self._contents = contents
         self._registry = registry if registry is not None else default_registry()
         an = contents.analysis
@@ -83,6 +93,7 @@ class CompiledGraph:
             raise InputError(f"device {wanted} was asked for, but the bundle only runs on {', '.join(an.kinds)}")
         self._backends: dict[str, BackendBase] = {}
         self._devices: dict[str, Device] = {}
+        names: dict[str, str] = {}
         for kind in an.kinds:
             backend = self._registry.backend(kind)
             avail = backend.availability()
@@ -93,13 +104,29 @@ class CompiledGraph:
                 raise DeviceUnavailableError(f"{kind}:{index} does not exist ({avail.device_count} {kind} devices)")
             self._backends[kind] = backend
             self._devices[kind] = Device(kind, index)
+            names[kind] = avail.device_names[index] if index < len(avail.device_names) else ""
         self._device_index = {k: d.index for k, d in self._devices.items()}
+        #: Which devices tuning results are valid for (the dispatch cache is keyed by it).
+        self.device_tag = hashlib.sha256(
+            "|".join(f"{k}={names[k]}" for k in sorted(names)).encode()).hexdigest()[:16]
         self._tasks = load_tasks(contents, self._backends, self._device_index)
         self._weights = place_weights(contents, self._backends, self._devices, self._registry)
         self._binder = InputBinder(contents.meta, self._devices)
+        settings = self._registry.settings
         self._dispatch = DispatchTable(contents.meta.symbols, [len(t.candidates) for t in self._tasks],
-                                       contents.dispatch_rows, policy=self._registry.settings.dispatch_policy)
+                                       contents.dispatch_rows, policy=dispatch_policy or settings.dispatch_policy)
+        # Rows tuned earlier (any process) for keys the bundle lacks; tuning here adds to the file.
+        self._dispatch_cache: DispatchCache | None = None
+        if self._dispatch.needs_tuning and settings.dispatch_cache:
+            self._dispatch_cache = DispatchCache(settings.cache_dir, contents.identity, contents.meta.symbols,
+                                                 self._dispatch.candidates_per_task, self.device_tag)
+            self._dispatch.merge(self._dispatch_cache.load(), source="cache")
         self._policy_choices: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._tuning_lock = threading.Lock()  # one tuning at a time per graph: timings are not disturbed
+        self._tuning_stats = TuningStats()
+        self._tune_serial = 0
+        #: The Chrome trace the latest ``tune()`` wrote (``None`` until one tuned a key).
+        self.last_tune_trace: Path | None = None
         self._plans: dict[tuple[int, ...], KeyPlan] = {}
         self._lock = threading.RLock()
         self._local = threading.local()
@@ -150,6 +177,17 @@ class CompiledGraph:
     @dispatch_policy.setter
     def dispatch_policy(self, value: str) -> None:
         self._dispatch.policy = value
+        with self._lock:
+            # Choices made by the previous policy are forgotten (and runs prepared with them rebuilt),
+            # so that e.g. switching from "first" to "tune" tunes those keys.
+            if self._policy_choices:
+                self._policy_choices.clear()
+                self._generation += 1
+
+    @property
+    def dispatch_cache(self) -> DispatchCache | None:
+        """The cache file of this bundle's tuned rows (``None`` when nothing needs tuning or caching is off)."""
+        return self._dispatch_cache
 
     # -- running -------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
@@ -194,7 +232,18 @@ class CompiledGraph:
     def _key_plan(self, key: tuple[int, ...]) -> KeyPlan:
         plan = self._plans.get(key)
         if plan is None:
-            plan = build_key_plan(self._contents, key, {k: b.alignment for k, b in self._backends.items()})
+            # One GraphPlanner per graph keeps what does not depend on the key (issue 3); made on the
+            # first plan so that loading stays cheap.
+            planner = getattr(self, "_planner", None)
+            if planner is None:
+                from engine.runtime.plan import GraphPlanner
+
+                with self._lock:
+                    planner = getattr(self, "_planner", None)
+                    if planner is None:
+                        planner = GraphPlanner(self._contents, {k: b.alignment for k, b in self._backends.items()})
+                        self._planner = planner
+            plan = planner.plan(key)
             with self._lock:
                 plan = self._plans.setdefault(key, plan)
         return plan
@@ -204,6 +253,10 @@ class CompiledGraph:
             current = state.workspaces.get(kind)
             if current is None or current.nbytes < size:
                 state.runs.clear()  # prepared runs point into the old workspace
+                if current is not None:
+                    # On GPU backends work queued earlier on this thread's stream may still use the
+                    # old workspace: let it finish before the old allocation is released (issue 3).
+                    self._backends[kind].synchronize(self._device_index[kind])
                 state.workspaces[kind] = self._backends[kind].allocate(size, self._device_index[kind])
 
     def _weights_or_raise(self) -> list[Tensor]:
@@ -236,7 +289,13 @@ class CompiledGraph:
         plan = self._key_plan(key)
         self._ensure_workspaces(state, plan)
         choices = self._choice_for(key)
-        if None not in choices and not self._hooks:
+        if None in choices:  # the tune policy at a key without a row
+            with self._tuning_lock:
+                row = self._known_row(key)  # another thread, or process, may have tuned it meanwhile
+                if row is None:
+                    return self._interpret(state, plan, choices, addrs, keep, out_storages)
+                choices = list(row)
+        if not self._hooks:
             run = PreparedRun(self._contents, plan, self._tasks, choices, weights, state.workspaces, state.streams,
                               self._backends, self._device_index, self._registry)
             state.runs[key] = run
@@ -244,26 +303,110 @@ class CompiledGraph:
             return run.run(addrs, keep, out_storages)
         return self._interpret(state, plan, choices, addrs, keep, out_storages)
 
+    def _known_row(self, key: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The table's row for ``key``, after adopting rows other processes stored in the cache since load."""
+        row = self._dispatch.get(key)
+        if row is None and self._dispatch_cache is not None:
+            self._dispatch.merge(self._dispatch_cache.rows(), source="cache")
+            row = self._dispatch.get(key)
+        return row
+
     def _interpret(self, state: _ThreadState, plan: KeyPlan, choices: list[int | None], addrs: list[int],
-                   keep: list[Any], out_storages: list[Storage] | None) -> list[Tensor]:
-        """Run instruction by instruction, tuning the tasks whose choice is ``None``, and record it."""
+                   keep: list[Any], out_storages: list[Storage] | None,
+                   observer: InstructionObserver | None = None, *, batch: _TuneBatch | None = None
+                   ) -> list[Tensor]:
+        """Run instruction by instruction, tuning the tasks whose choice is ``None``, and record it.
+
+        Call with ``_tuning_lock`` held when ``choices`` has a ``None``. ``observer`` (traces,
+        profiles) watches the run; a run that tunes also records a trace for the cache directory,
+        and stores its row in the cache file, or in ``batch`` when given (``tune`` stores in batches).
+        """
         key = plan.key
         weights = self._weights_or_raise()
+        start = time.perf_counter()
+        recorder: TraceRecorder | None = None
+        watch = observer
+        if None in choices and self.tuning.write_traces and self._dispatch_cache is not None:
+            if isinstance(observer, TraceRecorder):
+                recorder = observer
+            else:
+                recorder = TraceRecorder(self._contents, plan, self._devices, identity=self.identity)
+                watch = recorder if observer is None else _Tee(recorder, observer)
         if out_storages is None:
             out_storages = [self._backends[s.kind].allocate(s.nbytes, self._device_index[s.kind])
                             for s in plan.output_slots]
         timings = interpret(self._contents, plan, self._tasks, choices, weights=weights,
                             workspaces=state.workspaces, streams=state.streams, backends=self._backends,
                             device_index=self._device_index, input_addrs=addrs, out_storages=out_storages,
-                            hooks=tuple(self._hooks), tuning=self.tuning, registry=self._registry)
-        state.counters.slow_runs += 1
+                            hooks=tuple(self._hooks), tuning=self.tuning, registry=self._registry,
+                            observer=watch)
+        if observer is None or timings:
+            state.counters.slow_runs += 1
         if timings:
-            self._dispatch.record(key, tuple(c or 0 for c in choices))
-            with self._lock:
-                self._tuning_log[key] = timings
+            self._record_tuned(key, tuple(c or 0 for c in choices), timings, recorder, start, batch=batch)
         # Outputs are wrapped exactly as the fast path does (share_map and copied inputs included).
         wrapper = OutputWrapper(self._contents, plan, self._backends, self._device_index, self._registry)
         return wrapper.wrap(addrs, keep, out_storages)
+
+    def _record_tuned(self, key: tuple[int, ...], choice: tuple[int, ...], timings: list[CandidateTiming],
+                      recorder: TraceRecorder | None, start: float, *, batch: _TuneBatch | None = None) -> None:
+        """Keep a tuned row: in the table, the tuning log, the cache file and its trace (or in ``batch``)."""
+        self._dispatch.record(key, choice, source="tuned")
+        with self._lock:
+            self._tuning_log[key] = timings
+            if self._policy_choices.pop(key, None) is not None:
+                self._generation += 1  # runs prepared with the policy's choice are rebuilt
+        cache = self._dispatch_cache
+        if batch is not None:
+            batch.rows[key] = choice
+            if recorder is not None:
+                batch.traces.append((key, choice, recorder))
+        elif cache is not None:
+            self._persist({key: choice})
+            if recorder is not None:
+                names = self.meta.symbols
+                path = cache.directory.parent / "traces" / self.identity / trace_file_name(names, key)
+                try:
+                    write_trace(path, recorder.to_dict(symbols=names, key=key, choices=choice), atomic=False)
+                except OSError as exc:
+                    cache.report(f"trace {path} cannot be written ({exc})")
+        with self._lock:
+            stats = self._tuning_stats
+            stats.keys += 1
+            stats.candidates_timed += sum(len(t.medians_ms) for t in timings)
+            stats.timed_s += sum(t.timed_ms for t in timings) / 1e3
+            stats.total_s += time.perf_counter() - start
+
+    @property
+    def trace_dir(self) -> Path | None:
+        """Where tuning traces go: ``<cache_dir>/traces/<identity>`` (``None`` when caching is off)."""
+        if self._dispatch_cache is None:
+            return None
+        return self._dispatch_cache.directory.parent / "traces" / self.identity
+
+    def _write_session_trace(self, batch: _TuneBatch) -> None:
+        cache, folder = self._dispatch_cache, self.trace_dir
+        if not batch.traces or cache is None or folder is None:
+            return
+        start = time.perf_counter()
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(batch.started))
+        path = folder / f"tune-{stamp}-{os.getpid()}-{batch.serial}.json"
+        try:
+            write_trace(path, session_trace(batch.traces, symbols=self.meta.symbols, identity=self.identity),
+                        atomic=False)
+            batch.trace_path = path
+        except OSError as exc:
+            cache.report(f"trace {path} cannot be written ({exc})")
+        with self._lock:
+            self._tuning_stats.total_s += time.perf_counter() - start
+
+    def _persist(self, rows: dict[tuple[int, ...], tuple[int, ...]]) -> None:
+        """Store tuned rows in the cache file and adopt the rows other processes stored there."""
+        if self._dispatch_cache is not None and rows:
+            start = time.perf_counter()
+            self._dispatch.merge(self._dispatch_cache.store(rows), source="cache")
+            with self._lock:
+                self._tuning_stats.total_s += time.perf_counter() - start
 
     def _output_storages(self, outputs: Sequence[Any], key: tuple[int, ...]) -> list[Storage]:
         plan = self._key_plan(key)
@@ -297,9 +440,12 @@ class CompiledGraph:
              **symbols: int | Iterable[int]) -> dict[tuple[int, ...], tuple[int, ...]]:
         """Tune ahead of time over the grid of the given symbol values (``batch=[1, 8, 64]``).
 
-        Keys already in the dispatch table are kept. Each new key runs once on zero-filled inputs
-        through the slow path, whatever the dispatch policy. ``progress(done, total, symbols)`` is
-        called after each key. Returns the rows for the whole grid; save them with
+        Keys already in the dispatch table (from the bundle, the cache or earlier tuning) are kept.
+        Each new key runs once on zero-filled inputs through the slow path, whatever the dispatch
+        policy. Tuned rows go to the cache file at least every second and at the end (also when
+        interrupted), and one Chrome trace of the whole grid (one process per key) is written to
+        ``trace_dir/tune-<time>-<pid>-<n>.json`` (``last_tune_trace``). ``progress(done, total,
+        symbols)`` is called after each key. Returns the rows for the whole grid; save them with
         ``save(..., save_dispatch_table=True)``.
         """
         names = self.meta.symbols
@@ -308,21 +454,38 @@ class CompiledGraph:
         if missing or unknown:
             raise InputError(f"tune needs values for exactly the symbols {list(names)}; missing {missing}, "
                              f"unknown {unknown}")
-        axes = [[int(v) for v in ([symbols[s]] if isinstance(symbols[s], int) else symbols[s])] for s in names]
+        axes = [_symbol_values(s, symbols[s]) for s in names]
         grid = list(itertools.product(*axes))
-        state = getattr(self._local, "state", None)
-        if state is None or state.generation != self._generation:
-            state = self._new_state()
-        for done, key in enumerate(grid, start=1):
-            if key not in self._dispatch and self._dispatch.needs_tuning:
-                plan = self._key_plan(key)
-                self._ensure_workspaces(state, plan)
-                inputs = self._zero_inputs(plan)
-                addrs = [t.addr for t in inputs]
-                self._interpret(state, plan, [None if len(t.candidates) > 1 else 0 for t in self._tasks], addrs,
-                                inputs, None)
-            if progress is not None:
-                progress(done, len(grid), dict(zip(names, key)))
+        state = self._thread_state()
+        # Rows go to the cache file in batches (at most every _TUNE_FLUSH_S, and at the end, also
+        # when interrupted) and traces into one file: a locked rewrite and a new file per key cost
+        # more than tuning a small key (issue 4's overhead budget, benchmarks/tuning.py).
+        with self._lock:
+            self._tune_serial += 1
+            batch = _TuneBatch(self._tune_serial)
+        last_flush = time.perf_counter()
+        try:
+            for done, key in enumerate(grid, start=1):
+                if key not in self._dispatch and self._dispatch.needs_tuning:
+                    with self._tuning_lock:
+                        if self._dispatch.get(key) is None:
+                            plan = self._key_plan(key)
+                            self._ensure_workspaces(state, plan)
+                            inputs = self._zero_inputs(plan)
+                            addrs = [t.addr for t in inputs]
+                            choices = [None if len(t.candidates) > 1 else 0 for t in self._tasks]
+                            self._interpret(state, plan, choices, addrs, inputs, None, batch=batch)
+                    if time.perf_counter() - last_flush >= _TUNE_FLUSH_S:
+                        self._persist(batch.rows)
+                        batch.rows = {}
+                        last_flush = time.perf_counter()
+                if progress is not None:
+                    progress(done, len(grid), dict(zip(names, key)))
+        finally:
+            self._persist(batch.rows)
+            self._write_session_trace(batch)
+            if batch.trace_path is not None:
+                self.last_tune_trace = batch.trace_path
         return {key: self._dispatch.get(key) or self._dispatch.trivial_choice() for key in grid}
 
     def _zero_inputs(self, plan: KeyPlan) -> list[Tensor]:
@@ -337,8 +500,76 @@ class CompiledGraph:
         return out
 
     def tuning_results(self) -> dict[tuple[int, ...], list[CandidateTiming]]:
+        """What tuning measured in this process, per key: one ``CandidateTiming`` per tuned instruction."""
         with self._lock:
             return {k: list(v) for k, v in self._tuning_log.items()}
+
+    def tuning_stats(self) -> TuningStats:
+        """Where tuning time went, over every key this graph tuned (a copy)."""
+        with self._lock:
+            return attrs.evolve(self._tuning_stats)
+
+    def _thread_state(self) -> _ThreadState:
+        state = getattr(self._local, "state", None)
+        if state is None or state.generation != self._generation:
+            state = self._new_state()
+        return state
+
+    def _observed_run(self, inputs: Sequence[Any], observer: Callable[[KeyPlan], InstructionObserver]
+                      ) -> tuple[KeyPlan, tuple[int, ...], InstructionObserver]:
+        """Run ``inputs`` interpreted under ``observer(plan)``; tunes first if the key needs it."""
+        addrs, keep, key = self._binder.bind(inputs)
+        state = self._thread_state()
+        plan = self._key_plan(key)
+        self._ensure_workspaces(state, plan)
+        choices = self._choice_for(key)  # raises under the error policy at an unknown key
+        watcher = observer(plan)
+        if None in choices:
+            with self._tuning_lock:
+                row = self._known_row(key)
+                if row is None:  # tuned during the observed run, exactly like a slow-path run
+                    self._interpret(state, plan, choices, addrs, keep, None, observer=watcher)
+                    return plan, tuple(c or 0 for c in choices), watcher
+                choices = list(row)
+        self._interpret(state, plan, choices, addrs, keep, None, observer=watcher)
+        return plan, tuple(c or 0 for c in choices), watcher
+
+    def trace(self, inputs: Sequence[Any], path: str | Path | None = None, *, warmup: int = 1) -> dict[str, Any]:
+        """Run ``inputs`` once interpreted, timing every instruction; return a Chrome trace.
+
+        The dict is the Trace Event Format (``{"traceEvents": [...], "displayTimeUnit": "ms", ...}``):
+        one complete event per instruction with its measured duration, kernel name, chosen
+        candidate and operand shapes (open it in Perfetto). Each instruction first runs ``warmup``
+        times (on clones of the inputs it writes in place) so that durations are warm, as in
+        ``profile``. Written atomically to ``path`` when given. The dispatch policy applies: a key
+        without a row is tuned first under ``tune`` (the tuning steps appear on their own track).
+        """
+        if not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+        plan, choices, recorder = self._observed_run(
+            inputs, lambda plan: TraceRecorder(self._contents, plan, self._devices, identity=self.identity,
+                                               warmup=warmup))
+        doc = cast(TraceRecorder, recorder).to_dict(symbols=self.meta.symbols, key=plan.key, choices=choices)
+        if path is not None:
+            write_trace(path, doc)
+        return doc
+
+    def profile(self, inputs: Sequence[Any], *, warmup: int = 1, repeat: int = 10) -> Profile:
+        """Per-instruction times of the chosen candidates on ``inputs``.
+
+        Runs the plan interpreted once; before each instruction's real call its chosen candidate
+        is timed with ``Backend.time(warmup, repeat)`` (on clones of the inputs it writes in
+        place). ``print(profile)`` shows a table; ``profile.rows`` and ``profile.to_json()`` are
+        for programs. The dispatch policy applies as for ``trace``.
+        """
+        if not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+        if not isinstance(repeat, int) or repeat < 1:
+            raise ValueError(f"repeat must be a positive integer, got {repeat!r}")
+        plan, _, recorder = self._observed_run(
+            inputs, lambda plan: ProfileRecorder(self._contents, plan, self._devices, warmup=warmup, repeat=repeat))
+        rows = tuple(cast(ProfileRecorder, recorder).rows)
+        return Profile(tuple(self.meta.symbols), plan.key, rows, warmup, repeat)
 
     def register_hook(self, hook: ModelExecutionHook) -> None:
         """Call ``hook(instruction_index, inputs, outputs)`` after each instruction (runs interpreted)."""
@@ -426,6 +657,50 @@ class CompiledGraph:
                 f"{', '.join(str(d) for d in self._devices.values())}>")
 
 
+class _TuneBatch:
+    """What one ``tune()`` call has tuned but not yet stored: cache rows and traces."""
+
+    def __init__(self, serial: int):
+        self.serial = serial
+        self.started = time.time()
+        self.rows: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.traces: list[tuple[tuple[int, ...], tuple[int, ...], TraceRecorder]] = []
+        self.trace_path: Path | None = None
+
+
+class _Tee:
+    """Two observers of one run: ``first`` records the trace of a tuning run, ``second`` is the caller's.
+
+    ``second`` calls its ``run_once`` exactly once; that call runs the instruction through ``first``.
+    """
+
+    def __init__(self, first: InstructionObserver, second: InstructionObserver):
+        self.first = first
+        self.second = second
+
+    def tuned(self, pos: int, task: CompiledTask, timing: CandidateTiming, start_ns: int, end_ns: int) -> None:
+        self.first.tuned(pos, task, timing, start_ns, end_ns)
+        self.second.tuned(pos, task, timing, start_ns, end_ns)
+
+    def execute(self, pos: int, task: CompiledTask, choice: int, run_once: Callable[[], None],
+                timing_runner: Callable[[], tuple[Callable[[], None], list[Storage]]]) -> None:
+        def through_first() -> None:
+            self.first.execute(pos, task, choice, run_once, timing_runner)
+
+        self.second.execute(pos, task, choice, through_first, timing_runner)
+
+
+def _symbol_values(name: str, values: int | Iterable[int]) -> list[int]:
+    """One axis of a tuning grid: distinct non-negative integers, in the order given."""
+    items = [values] if isinstance(values, (int, np.integer)) else list(values)
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise InputError(f"tune: values of symbol {name!r} must be non-negative integers, got {v!r}")
+    if not items:
+        raise InputError(f"tune: no values given for symbol {name!r}")
+    return list(dict.fromkeys(int(v) for v in items))
+
+
 def _as_tensor(value: Any) -> Tensor:
     if isinstance(value, np.ndarray):
         return tensor_from_numpy(value)
@@ -439,15 +714,20 @@ def _load_from_bytes(data: bytes, device: str | None) -> CompiledGraph:
 
 
 def load_compiled_graph(path: str | Path | bytes, device: str | Device | None = None, *,
-                        registry: Registry | None = None, verify_weights: bool = False) -> CompiledGraph:
-    """Load a bundle (``.cgb`` file, directory, or bytes). Bundles contain native code: loading runs it."""
+                        registry: Registry | None = None, verify_weights: bool = False,
+                        dispatch_policy: str | None = None) -> CompiledGraph:
+    """Load a bundle (``.cgb`` file, directory, or bytes). Bundles contain native code: loading runs it.
+
+    The dispatch table is the bundle's rows, then the rows cached under the registry's
+    ``cache_dir`` for keys the bundle lacks. ``dispatch_policy`` overrides ``ENGINE_DISPATCH_POLICY``.
+    """
     contents = read_bundle(path)
     try:
         if verify_weights:
             bad = contents.archive.verify([n for n in ("weights.bin", "weights.npz") if n in contents.archive])
             if bad:
                 raise BundleError("sha256 mismatch: the weights are corrupted or were modified", member=bad[0])
-        return CompiledGraph(contents, device=device, registry=registry)
+        return CompiledGraph(contents, device=device, registry=registry, dispatch_policy=dispatch_policy)
     except BaseException:
         contents.archive.close()
         raise

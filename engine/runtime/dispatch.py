@@ -1,7 +1,10 @@
 """The dispatch table: which candidate each task uses at each key (symbol values).
 
-Rows come from the bundle, from tuning, and (issue 4) from the on-disk cache. Lookups happen once
-per key per thread (the fast path caches the prepared run), so a lock around updates is cheap.
+Rows come from the bundle (``dispatch_table.txt``), from the on-disk cache of rows tuned earlier
+(``engine.runtime.dispatch_cache``; only for keys the bundle lacks), and from tuning in this
+process. Lookups happen once per key per thread (the fast path caches the prepared run), so a lock
+around updates is cheap. Policies (``tune``, ``first``, ``nearest``, ``error``) decide what a key
+without a row gets; the graph applies them (``CompiledGraph._choice_for``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ __all__ = ["DispatchTable"]
 Key = tuple[int, ...]
 Choice = tuple[int, ...]
 
+#: Where a row came from (``DispatchTable.source``).
+SOURCES = ("bundle", "cache", "tuned", "manual")
+
 
 class DispatchTable(Mapping[Key, Choice]):
     """Tuned rows (persisted) plus per-policy choices (not persisted: they were not measured)."""
@@ -27,6 +33,7 @@ class DispatchTable(Mapping[Key, Choice]):
         self.symbols = tuple(symbols)
         self.candidates_per_task = tuple(candidates_per_task)
         self._rows: dict[Key, Choice] = dict(rows or {})
+        self._sources: dict[Key, str] = dict.fromkeys(self._rows, "bundle")
         self._lock = threading.Lock()
         self.policy = policy
 
@@ -60,11 +67,36 @@ class DispatchTable(Mapping[Key, Choice]):
     def get(self, key: Key, default=None):  # type: ignore[override]
         return self._rows.get(key, default)
 
-    def record(self, key: Key, choice: Choice) -> None:
+    def record(self, key: Key, choice: Choice, *, source: str = "manual") -> None:
+        """Set the row of ``key`` (``source``: ``"tuned"`` when measured, ``"manual"`` otherwise)."""
+        key, choice = tuple(int(v) for v in key), tuple(int(c) for c in choice)
+        if len(key) != len(self.symbols):
+            raise ValueError(f"key {key} has {len(key)} values for the symbols {list(self.symbols)}")
         if len(choice) != len(self.candidates_per_task):
             raise ValueError(f"choice {choice} has {len(choice)} entries for {len(self.candidates_per_task)} tasks")
+        for task, (c, count) in enumerate(zip(choice, self.candidates_per_task)):
+            if not 0 <= c < max(count, 1):
+                raise ValueError(f"choice {choice}: task {task} has {count} candidates, the row picks {c}")
+        if source not in SOURCES:
+            raise ValueError(f"unknown row source {source!r}; expected one of {', '.join(SOURCES)}")
         with self._lock:
-            self._rows[key] = tuple(choice)
+            self._rows[key] = choice
+            self._sources[key] = source
+
+    def merge(self, rows: Mapping[Key, Choice], *, source: str = "cache") -> list[Key]:
+        """Add the rows of keys this table lacks (its own rows win); returns the keys added."""
+        added = []
+        with self._lock:
+            for key, choice in rows.items():
+                if key not in self._rows:
+                    self._rows[key] = tuple(choice)
+                    self._sources[key] = source
+                    added.append(key)
+        return added
+
+    def source(self, key: Key) -> str | None:
+        """``"bundle"``, ``"cache"``, ``"tuned"`` or ``"manual"``; ``None`` for a key without a row."""
+        return self._sources.get(key)
 
     def nearest(self, key: Key) -> Choice | None:
         """The choice of the tuned key closest to ``key`` (relative L1 distance; ties: smaller key)."""

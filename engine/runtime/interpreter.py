@@ -1,17 +1,17 @@
 """The slow path: run the plan instruction by instruction.
 
-Used for a key with no dispatch-table entry (candidates are timed in place and the fastest is
-recorded), and whenever debugging hooks are registered (they see every intermediate). It shares
-the key's memory plan and the thread's workspaces with the fast path, so both compute the same.
+Used for a key with no dispatch-table entry (candidates are timed on the real operands and the
+fastest is recorded, see ``engine.runtime.tuning``), whenever debugging hooks are registered (they
+see every intermediate), and by ``graph.trace`` / ``graph.profile``, which pass an
+``InstructionObserver`` that times each instruction. It shares the key's memory plan and the
+thread's workspaces with the fast path, so both compute the same.
 """
 
 from __future__ import annotations
 
 import ctypes
-import statistics
-from typing import Any, Callable, Sequence
-
-import attrs
+import time
+from typing import Any, Callable, Protocol, Sequence
 
 from engine.backend import BackendBase
 from engine.bundle.contents import BundleContents
@@ -21,28 +21,28 @@ from engine.plugins import Registry
 from engine.runtime.plan import INPUT, OUTPUT, KeyPlan
 from engine.runtime.prepared import prepare_instruction, resolve_static_addresses
 from engine.runtime.tasks import CompiledTask
+from engine.runtime.tuning import CandidateTiming, TuningOptions, launch_runner, timing_operands, tune_instruction
 from engine.storage import ExternalStorage, Storage
 from engine.tensor import Tensor
 
-__all__ = ["TuningOptions", "CandidateTiming", "interpret", "ModelExecutionHook"]
+__all__ = ["TuningOptions", "CandidateTiming", "interpret", "ModelExecutionHook", "InstructionObserver"]
 
 ModelExecutionHook = Callable[[int, list[Tensor], list[Tensor]], None]
 
-
-@attrs.frozen
-class TuningOptions:
-    warmup: int = 1
-    repeat: int = 5
+#: Makes a runner of the instruction's chosen candidate that is safe to call repeatedly (in-place
+#: tasks run on clones); returns it with the storages to keep alive while it is used.
+TimingRunnerFactory = Callable[[], tuple[Callable[[], None], list[Storage]]]
 
 
-@attrs.frozen
-class CandidateTiming:
-    """What tuning measured for one instruction (kept for traces and profiles)."""
+class InstructionObserver(Protocol):
+    """Watches an interpreted run (traces and profiles)."""
 
-    instruction: int
-    task: int
-    medians_ms: tuple[float, ...]
-    chosen: int
+    def tuned(self, pos: int, task: CompiledTask, timing: CandidateTiming, start_ns: int, end_ns: int) -> None:
+        """Instruction ``pos``'s candidates were just timed (``perf_counter_ns`` bounds)."""
+
+    def execute(self, pos: int, task: CompiledTask, choice: int, run_once: Callable[[], None],
+                timing_runner: TimingRunnerFactory) -> None:
+        """Run instruction ``pos`` for real by calling ``run_once`` exactly once (timing it as wished)."""
 
 
 def view_tensor(backend: BackendBase, device: Device, addr: int, dtype: DType, shape: tuple[int, ...],
@@ -71,6 +71,7 @@ def interpret(
     hooks: Sequence[ModelExecutionHook] = (),
     tuning: TuningOptions = TuningOptions(),
     registry: Registry | None = None,
+    observer: InstructionObserver | None = None,
 ) -> list[CandidateTiming]:
     """Run every instruction; fill ``choices`` (``None`` = tune now). Returns what tuning measured."""
     ex = contents.execution
@@ -81,60 +82,58 @@ def interpret(
         elif p.where == OUTPUT:
             addr[t] = out_storages[p.index].addr
     timings = []
+    clock = time.perf_counter_ns
     for pos, ins in enumerate(ex.instructions):
         task = tasks[ins.task_idx]
         tensors = (*ins.inputs, *ins.outputs)
         addrs = [addr[t] for t in tensors]
         if choices[ins.task_idx] is None:
+            start = clock()
             timing = _tune(contents, plan, task, pos, addrs, workspaces, streams, backends, device_index, tuning)
             choices[ins.task_idx] = timing.chosen
             timings.append(timing)
-        launch, _ = prepare_instruction(contents, plan, task, pos, choices[ins.task_idx] or 0, addrs, workspaces,
-                                        streams, backends, device_index)
-        code = launch.call()
-        if code:
-            launch.fail(code)
+            if observer is not None:
+                observer.tuned(pos, task, timing, start, clock())
+        choice = choices[ins.task_idx] or 0
+        launch, _ = prepare_instruction(contents, plan, task, pos, choice, addrs, workspaces, streams, backends,
+                                        device_index)
+        if observer is None:
+            code = launch.call()
+            if code:
+                launch.fail(code)
+        else:
+            observer.execute(pos, task, choice, launch_runner(launch),
+                             _timing_factory(contents, plan, task, pos, choice, addrs, workspaces, streams, backends,
+                                             device_index))
         if hooks:
             _call_hooks(hooks, pos, ins, contents, plan, backends, device_index, addr, workspaces, registry)
     return timings
 
 
+def _timing_factory(contents: BundleContents, plan: KeyPlan, task: CompiledTask, pos: int, choice: int,
+                    addrs: list[int], workspaces: dict[str, Storage], streams: dict[str, object],
+                    backends: dict[str, BackendBase], device_index: dict[str, int]) -> TimingRunnerFactory:
+    def make() -> tuple[Callable[[], None], list[Storage]]:
+        operands, clones = timing_operands(contents, plan, task, pos, addrs, streams)
+        launch, _ = prepare_instruction(contents, plan, task, pos, choice, operands, workspaces, streams, backends,
+                                        device_index)
+        return launch_runner(launch), [*clones, launch]  # type: ignore[list-item]
+
+    return make
+
+
 def _tune(contents: BundleContents, plan: KeyPlan, task: CompiledTask, pos: int, addrs: list[int],
           workspaces: dict[str, Storage], streams: dict[str, object], backends: dict[str, BackendBase],
           device_index: dict[str, int], tuning: TuningOptions) -> CandidateTiming:
-    """Time every candidate on this instruction's real operands and pick the lowest median.
-
-    A task that writes in place would corrupt its input when run repeatedly, so it is timed on
-    clones of the inputs it writes. Ties go to the lower candidate index (deterministic).
-    """
-    ins = contents.execution.instructions[pos]
-    timing_addrs = list(addrs)
-    clones = []
-    backend = task.backend
-    stream = streams.get(task.meta.device)
-    n_in = len(ins.inputs)
-    for out_arg, in_arg in task.meta.share_map.items():
-        nbytes = plan.nbytes[ins.inputs[in_arg]]
-        clone = backend.allocate(nbytes, task.device_index)
-        clones.append(clone)
-        if nbytes:
-            backend.copy_device(clone.addr, addrs[in_arg], nbytes, stream)
-        timing_addrs[in_arg] = clone.addr
-        timing_addrs[n_in + out_arg] = clone.addr
-    medians = []
-    for c in range(len(task.candidates)):
-        launch, _ = prepare_instruction(contents, plan, task, pos, c, timing_addrs, workspaces, streams, backends,
-                                        device_index)
-
-        def run_once(launch: Any = launch) -> None:
-            code = launch.call()
-            if code:
-                launch.fail(code)
-
-        samples = backend.time(run_once, warmup=tuning.warmup, repeat=tuning.repeat, device_index=task.device_index)
-        medians.append(statistics.median(samples))
-    chosen = min(range(len(medians)), key=lambda c: (medians[c], c))
-    return CandidateTiming(pos, ins.task_idx, tuple(medians), chosen)
+    """Time every candidate of instruction ``pos`` on its real operands (clones where it writes in place)."""
+    operands, clones = timing_operands(contents, plan, task, pos, addrs, streams)
+    launches = [prepare_instruction(contents, plan, task, pos, c, operands, workspaces, streams, backends,
+                                    device_index)[0]
+                for c in range(len(task.candidates))]
+    timing = tune_instruction([launch_runner(launch) for launch in launches], task.backend, task.device_index,
+                              tuning, instruction=pos, task=contents.execution.instructions[pos].task_idx)
+    del clones  # kept alive until every candidate was timed on them
+    return timing
 
 
 def _call_hooks(hooks: Sequence[ModelExecutionHook], pos: int, ins: Any, contents: BundleContents, plan: KeyPlan,

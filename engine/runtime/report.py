@@ -6,8 +6,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
-from engine.runtime.plan import build_key_plan
-
 if TYPE_CHECKING:
     from engine.runtime.compiled_graph import CompiledGraph
 
@@ -99,7 +97,7 @@ def memory_report(graph: "CompiledGraph", symbols: Mapping[str, Any]) -> MemoryR
         raise InputError(f"memory_report needs exactly the symbols {list(meta.symbols)}; missing {missing}, "
                          f"unknown {extra}")
     key = tuple(int(symbols[s]) for s in meta.symbols)
-    plan = build_key_plan(graph._contents, key, {k: b.alignment for k, b in graph._backends.items()})
+    plan = graph._key_plan(key)  # the plan runs use, cached per key
     report = MemoryReport()
     for kind, backend in graph._backends.items():
         slot = backend.workspace_slot

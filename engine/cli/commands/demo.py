@@ -6,13 +6,31 @@ checks it against numpy at three batch sizes, shows what tuning chose and how fa
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from engine.cli.commands import add_command
+
 __all__ = ["run_demo"]
+
+EXAMPLES = """
+  engine demo                 build the example in a temporary directory, run it, show what happened
+  engine demo --keep demo/    keep the bundle in demo/mlp.cgb, to try the other commands on it
+"""
+
+
+def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
+    p = add_command(sub, "demo", help="build, save, load and run the example MLP classifier on the CPU",
+                    description="The README's first command: builds an MLP classifier from C kernels through the "
+                                "CPU plugin, saves it as a bundle, loads it back, checks it against numpy at three "
+                                "batch sizes, and shows what tuning chose and how fast the fast path is.",
+                    examples=EXAMPLES, parents=[common["debug"]])
+    p.add_argument("--keep", metavar="DIR", help="write the demo bundle into DIR and keep it")
+    p.set_defaults(func=lambda args: run_demo(keep=args.keep))
 
 
 def _ms(seconds: float) -> str:
@@ -85,7 +103,9 @@ def run_demo(keep: str | None = None) -> int:
         t_numpy = _us_per_call(lambda: reference_mlp(x, weights), 2000 if batch == 1 else 300)
         print(f"   batch={batch:<3} engine {t_engine:8.1f} us   numpy {t_numpy:8.1f} us")
 
-    print(f"\nthe bundle stays at {path}; try: python -c \"import engine; "
-          f"g = engine.load_compiled_graph('{path}'); print(g)\"")
+    print(f"\nthe bundle stays at {path}; try:\n"
+          f"   engine inspect {path}\n"
+          f"   engine bench {path} --symbol batch=1,8,64\n"
+          f"   engine run {path} --random --symbol batch=2")
     print("demo " + ("passed" if ok else "FAILED: results differ from numpy"))
     return 0 if ok else 1

@@ -1,0 +1,89 @@
+"""``engine profile BUNDLE``: time every instruction of the plan at one key (``graph.profile``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from engine.cli.args import CheckFailed
+from engine.cli.commands import add_command
+from engine.cli.loading import registry_of
+from engine.cli.loading import (check_bundle_path, check_output_path, load_graph, make_inputs, read_contents,
+                                resolve_device)
+from engine.cli.render import emit_json, key_text, ms, table, to_jsonable
+
+EXAMPLES = """
+  engine profile mlp.cgb --random --symbol batch=64              per-kernel median and min times
+  engine profile mlp.cgb --input x=x.npy --repeat 100 --json     for scripts
+  engine profile mlp.cgb --random --symbol batch=8 -o prof.json  the table, and the rows saved as JSON
+"""
+
+
+def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
+    p = add_command(sub, "profile", help="time each kernel of the plan at one key",
+                    description="Run the graph --warmup times, then --repeat times timing each instruction: its "
+                                "kernel, the candidate the dispatch table chose, input and output shapes, median "
+                                "and min milliseconds, and its share of the total.",
+                    examples=EXAMPLES,
+                    parents=[common["debug"], common["json"], common["device"], common["inputs"]])
+    p.add_argument("bundle", metavar="BUNDLE", help="a .cgb file or a bundle directory")
+    p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed runs first (default 1)")
+    p.add_argument("--repeat", type=int, default=10, metavar="N", help="timed runs (default 10)")
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the profile as JSON to FILE")
+    p.set_defaults(func=run)
+
+
+def _shape(shapes) -> str:
+    return " ".join("[" + ",".join(str(d) for d in s) + "]" for s in shapes)
+
+
+def rows_doc(profile) -> list[dict]:
+    """The profile's rows as JSON (``ProfileRow.to_json``: samples included)."""
+    return [dict(r.to_json()) for r in profile.rows]
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.cli.args import UsageError
+    if args.warmup < 0 or args.repeat < 1:
+        raise UsageError("--warmup must be at least 0 and --repeat at least 1")
+    path = check_bundle_path(args.bundle)
+    registry = registry_of(args)
+    out_path = check_output_path(args.output, option="--output") if args.output else None
+    contents = read_contents(path)
+    kinds = contents.analysis.kinds
+    contents.archive.close()
+    device = resolve_device(args.device, kinds, registry)
+    graph = load_graph(path, device, registry)
+    with graph:
+        if not hasattr(graph, "profile"):
+            raise CheckFailed("this engine's CompiledGraph has no profile() yet (it arrives with issue 4)")
+        inputs, key, _ = make_inputs(graph, args.input, args.symbol, random=args.random, seed=args.seed,
+                                         registry=registry)
+        profile = graph.profile(inputs, warmup=args.warmup, repeat=args.repeat)
+        doc = {"bundle": str(path), "devices": [str(d) for d in graph.devices.values()], "symbols": key,
+               "warmup": args.warmup, "repeat": args.repeat, "total_ms": float(profile.total_ms),
+               "rows": rows_doc(profile)}
+    if out_path is not None:
+        out_path.write_text(json.dumps(to_jsonable(doc), indent=2) + "\n")
+    if args.json:
+        emit_json(doc)
+        return 0
+    print(render(doc))
+    if out_path is not None:
+        print(f"\nprofile saved to {out_path}")
+    return 0
+
+
+def render(doc: dict) -> str:
+    total = doc["total_ms"]
+    rows = []
+    for r in doc["rows"]:
+        share = f"{100 * r['median_ms'] / total:.1f}%" if total > 0 else "-"
+        rows.append([r["instruction"], r["kernel"], f"{r['candidate']}:{r['entry']}", r.get("device", "-"),
+                     _shape(r["input_shapes"]), _shape(r["output_shapes"]), ms(r["median_ms"]), ms(r["min_ms"]),
+                     share])
+    head = (f"{doc['bundle']} at {key_text(doc['symbols'])}: median of {doc['repeat']} calls per kernel after "
+            f"{doc['warmup']} warmup")
+    body = table(["#", "kernel", "candidate", "device", "inputs", "outputs", "median ms", "min ms", "share"], rows,
+                 right=(0, 6, 7, 8))
+    return f"{head}\n{body}\ntotal: {ms(total)} ms (sum of the kernels' medians, without the engine around them)"

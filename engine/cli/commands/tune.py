@@ -1,0 +1,167 @@
+"""``engine tune BUNDLE --symbol batch=1..64``: tune ahead of time, then keep the dispatch table.
+
+Tuning is ``graph.tune(...)`` (each new key runs once on zero-filled inputs, timing every candidate
+of each multi-candidate task). The rows are kept in the dispatch cache by the runtime; ``--save``
+also writes them into the bundle (``save_dispatch_table=True``), ``-o`` into a new bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from engine.cli.args import UsageError, parse_symbols
+from engine.cli.commands import add_command
+from engine.cli.loading import registry_of
+from engine.cli.loading import check_bundle_path, check_output_path, key_grid, load_graph, read_contents, \
+    resolve_device
+from engine.cli.progress import Progress
+from engine.cli.render import emit_json, group_rows, key_text, plural, table
+
+EXAMPLES = """
+  engine tune mlp.cgb --symbol batch=1..64 --save          tune 64 keys, write the table into mlp.cgb
+  engine tune mlp.cgb --symbol batch=1,8,64 -o tuned.cgb   write a tuned copy, leave mlp.cgb as it is
+  engine tune mlp.cgb --symbol batch=1..4096 --policy nearest --save
+                                                          time only 1, 2, 4, ... 4096; serve the keys in
+                                                          between with ENGINE_DISPATCH_POLICY=nearest
+  engine tune model.cgb --symbol batch=1,8 --symbol seq=128,512 --device cuda:1 --json
+"""
+
+POLICIES = ("tune", "nearest")
+
+
+def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
+    p = add_command(sub, "tune", help="tune the dispatch table ahead of time and save it",
+                    description="Time every candidate of every multi-candidate kernel at each key of the --symbol "
+                                "grid and record the fastest (keys already in the table are kept). The rows go to "
+                                "the dispatch cache; --save writes them into BUNDLE, -o into a new bundle. "
+                                "--policy nearest times only the powers of two (and the ends) of each symbol's "
+                                "values, for serving the keys in between with the 'nearest' dispatch policy.",
+                    examples=EXAMPLES, parents=[common["debug"], common["json"], common["device"]])
+    p.add_argument("bundle", metavar="BUNDLE", help="a .cgb file or a bundle directory")
+    p.add_argument("-s", "--symbol", action="append", metavar="NAME=VALUES",
+                   help="symbol values: 8, 1,8,64, 1..64 or 1..64:8 (every symbol needs one; repeat per symbol)")
+    p.add_argument("--policy", choices=POLICIES, default="tune",
+                   help="tune: time every key of the grid (default); nearest: time the powers of two and the "
+                        "ends only, the rest is left to the 'nearest' dispatch policy at run time")
+    p.add_argument("--save", action="store_true", help="write the dispatch table into BUNDLE")
+    p.add_argument("-o", "--output", metavar="BUNDLE", help="write a tuned copy of the bundle to this path")
+    p.add_argument("--warmup", type=int, metavar="N", help="untimed calls per candidate (default: the runtime's)")
+    p.add_argument("--repeat", type=int, metavar="N", help="timed samples per candidate (default: the runtime's)")
+    p.set_defaults(func=run)
+
+
+def anchors(values: list[int]) -> list[int]:
+    """The powers of two among ``values``' span, plus its ends (what ``--policy nearest`` times)."""
+    lo, hi = min(values), max(values)
+    picked = {lo, hi}
+    p = 1
+    while p <= hi:
+        if p >= lo and p in values:
+            picked.add(p)
+        p *= 2
+    return sorted(picked)
+
+
+def _set_tuning(graph, warmup: int | None, repeat: int | None) -> None:
+    """``--warmup``/``--repeat`` onto ``graph.tuning``; the runtime's own validation decides what is allowed."""
+    changes = {k: v for k, v in (("warmup", warmup), ("repeat", repeat)) if v is not None}
+    if not changes:
+        return
+    import attrs
+
+    try:
+        graph.tuning = attrs.evolve(graph.tuning, **changes)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"--warmup/--repeat: {exc}") from None
+
+
+def _cache_path(graph) -> str | None:
+    """Where the runtime keeps this bundle's tuned rows (None when it keeps none)."""
+    cache = getattr(graph, "dispatch_cache", None)
+    path = getattr(cache, "path", None)
+    return None if path is None else str(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = check_bundle_path(args.bundle)
+    registry = registry_of(args)
+    target = None
+    if args.output:
+        target = check_output_path(args.output, option="-o/--output")
+    elif args.save:
+        target = path
+    contents = read_contents(path)
+    meta = contents.meta
+    kinds = contents.analysis.kinds
+    contents.archive.close()
+    values = parse_symbols(args.symbol, meta.symbols, required=True)
+    grid_values = values if args.policy == "tune" else {s: anchors(v) for s, v in values.items()}
+    device = resolve_device(args.device, kinds, registry)
+    graph = load_graph(path, device, registry)
+    with graph:
+        _set_tuning(graph, args.warmup, args.repeat)
+        keys = key_grid(grid_values, meta.symbols)
+        before = set(graph.dispatch_table)
+        start = time.perf_counter()
+        with Progress(len(keys), "tuning") as bar:
+            rows = graph.tune(progress=lambda done, total, sym: bar.update(done, key_text(sym)), **grid_values)
+        elapsed = time.perf_counter() - start
+        names = [t.name for t in graph.compiled_tasks]
+        multi = [i for i, t in enumerate(graph.compiled_tasks) if len(t.candidates) > 1]
+        out_rows = []
+        for key in keys:
+            kt = tuple(key[s] for s in meta.symbols)
+            choice = rows.get(kt) or graph.dispatch_table.get(kt) or graph.dispatch_table.trivial_choice()
+            out_rows.append({
+                "symbols": key,
+                "choice": list(choice),
+                "entries": {names[i]: graph.compiled_tasks[i].meta.candidates[choice[i]].entry for i in multi},
+                "new": kt not in before,
+            })
+        if target is not None:
+            graph.save(target, save_dispatch_table=True)
+        all_keys = key_grid(values, meta.symbols)
+        doc = {
+            "bundle": str(path),
+            "devices": [str(d) for d in graph.devices.values()],
+            "policy": args.policy,
+            "seconds": elapsed,
+            "keys": out_rows,
+            "tuned": sum(1 for r in out_rows if r["new"]),
+            "kept": sum(1 for r in out_rows if not r["new"]),
+            "untuned_keys_for_nearest": len(all_keys) - len(keys),
+            "table_size": len(graph.dispatch_table),
+            "saved_to": None if target is None else str(target),
+            "cache": _cache_path(graph),
+            "multi_candidate_tasks": [names[i] for i in multi],
+        }
+    if args.json:
+        emit_json(doc)
+        return 0
+    print(render(doc))
+    return 0
+
+
+def render(doc: dict) -> str:
+    lines = [f"tuned {doc['bundle']} on {', '.join(doc['devices'])}: {plural(doc['tuned'], 'new key')}, "
+             f"{plural(doc['kept'], 'key')} already in the table, in {doc['seconds']:.2f} s"]
+    if not doc["multi_candidate_tasks"]:
+        lines.append("every kernel has a single candidate: there is nothing to choose, no timing was needed")
+    else:
+        tasks = doc["multi_candidate_tasks"]
+        items = [(key_text(r["symbols"]), (*(r["entries"][t] for t in tasks), "new" if r["new"] else "kept"))
+                 for r in doc["keys"]]
+        rows = [[label, count, *values] for label, count, values in group_rows(items)]
+        lines.append(table(["keys", "count", *tasks, "row"], rows, right=(1,)))
+    if doc["untuned_keys_for_nearest"]:
+        lines.append(f"policy nearest: {plural(doc['untuned_keys_for_nearest'], 'other key')} of the grid take the "
+                     f"choice of the nearest tuned key when served with ENGINE_DISPATCH_POLICY=nearest")
+    if doc["saved_to"]:
+        lines.append(f"dispatch table ({plural(doc['table_size'], 'key')}) saved into {doc['saved_to']}")
+    else:
+        lines.append(f"dispatch table: {plural(doc['table_size'], 'key')}; not written into a bundle "
+                     f"(--save writes it into the bundle, -o into a copy)")
+    if doc["cache"]:
+        lines.append(f"tuned rows are also kept in the dispatch cache: {doc['cache']}")
+    return "\n".join(lines)

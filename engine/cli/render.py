@@ -1,0 +1,126 @@
+"""Output for people and for scripts: aligned tables, sizes, times, JSON.
+
+Every command builds one plain ``dict`` of results; the text view is rendered from that dict and
+``--json`` prints the dict itself, so both always carry the same figures. Figures shown in tables
+go through the formatters here (``ms``, ``rate``), which tests reuse to check that the two views
+agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import IO, Any, Sequence
+
+__all__ = ["table", "format_bytes", "ms", "rate", "emit_json", "to_jsonable", "one_line", "plural", "key_text",
+           "compress_values", "group_rows"]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: Sequence[int] = (),
+          indent: str = "") -> str:
+    """A plain-text table: a header, a rule, one line per row. ``right`` lists right-aligned columns."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+
+    def line(row: Sequence[str]) -> str:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        return (indent + "  ".join(parts)).rstrip()
+
+    out = [line(list(headers)), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in cells)
+    return "\n".join(out)
+
+
+def format_bytes(n: int) -> str:
+    """``37.5 KiB``; exact below 1 KiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def ms(value: float) -> str:
+    """Milliseconds with four significant decimals below 10 ms (``0.0123``), fewer above."""
+    if value < 10:
+        return f"{value:.4f}"
+    if value < 1000:
+        return f"{value:.2f}"
+    return f"{value:.0f}"
+
+
+def rate(value: float | None) -> str:
+    """A per-second rate, grouped: ``81,234``; ``-`` when not applicable."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
+def key_text(symbols: dict[str, int]) -> str:
+    """``batch=8, seq=128``; ``(static)`` for a graph without symbols."""
+    return ", ".join(f"{k}={v}" for k, v in symbols.items()) or "(static)"
+
+
+def compress_values(values: Sequence[int]) -> str:
+    """``[1, 2, 3, 4, 8, 16]`` -> ``1..4, 8, 16`` (runs of three or more consecutive integers)."""
+    ordered = sorted(set(values))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{ordered[i]}..{ordered[j]}")
+        else:
+            parts.extend(str(v) for v in ordered[i:j + 1])
+        i = j + 1
+    return ", ".join(parts)
+
+
+def group_rows(items: Sequence[tuple[str, tuple]]) -> list[tuple[str, int, tuple]]:
+    """Consecutive items with equal values merged: ``[(label, value)]`` -> ``[("a .. c", count, value)]``."""
+    out: list[tuple[str, int, tuple]] = []
+    start = 0
+    for i in range(1, len(items) + 1):
+        if i == len(items) or items[i][1] != items[start][1]:
+            label = items[start][0] if i - 1 == start else f"{items[start][0]} .. {items[i - 1][0]}"
+            out.append((label, i - start, items[start][1]))
+            start = i
+    return out
+
+
+def to_jsonable(value: Any) -> Any:
+    """Numpy scalars, tuples and paths made JSON-ready; NaN/inf become null (JSON has none)."""
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        return to_jsonable(value.item())
+    return str(value)
+
+
+def emit_json(doc: Any, stream: IO[str] | None = None) -> None:
+    out = stream if stream is not None else sys.stdout
+    json.dump(to_jsonable(doc), out, indent=2)
+    out.write("\n")
+
+
+def one_line(text: object) -> str:
+    """Collapse a (possibly multi-line) message onto one line."""
+    parts = [p.strip() for p in str(text).splitlines() if p.strip()]
+    return "; ".join(parts) if parts else type(text).__name__

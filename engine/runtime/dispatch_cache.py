@@ -1,0 +1,213 @@
+"""Dispatch rows tuned at run time, persisted per bundle under the cache directory (issue 4).
+
+``<cache_dir>/dispatch/<identity>.txt`` holds the rows in the bundle's ``dispatch_table.txt``
+format. The identity excludes the bundle's own dispatch table, so re-saving a tuned bundle keeps
+using the same cache file.
+
+Several processes may tune the same bundle at once. Each write therefore
+
+1. takes an exclusive lock on ``<identity>.txt.lock`` (``flock``; ``msvcrt.locking`` on Windows),
+   which serializes writers without blocking readers;
+2. re-reads the current file under the lock and merges its rows with the new ones (the new rows
+   win for a key both have), so no writer loses another's rows;
+3. writes the merged table to a temporary file beside it, fsyncs it and ``os.replace``s it over the
+   old one, so readers (which never lock) see the old table or the new one, never a mix.
+
+A file that cannot be parsed (truncated, garbled, another graph's header, an index out of range)
+is reported once per graph with a ``DispatchCacheWarning`` naming the file and line, and ignored:
+its keys are tuned again, and the next write replaces it with a valid table. A cache directory
+that cannot be written is also reported once; tuning still works, it is just not kept.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from engine.bundle.dispatch_text import format_dispatch_table, parse_dispatch_table
+from engine.errors import BundleError
+
+__all__ = ["DispatchCache", "DispatchCacheWarning", "file_lock", "atomic_write_text"]
+
+Key = tuple[int, ...]
+Choice = tuple[int, ...]
+
+
+class DispatchCacheWarning(RuntimeWarning):
+    """A dispatch cache file was unreadable (ignored) or could not be written (tuning not kept)."""
+
+
+class _Lock:
+    """An exclusive advisory lock on a file, held for a ``with`` block."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+
+    def __enter__(self) -> "_Lock":
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            _lock_fd(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                _unlock_fd(fd)
+            finally:
+                os.close(fd)
+
+
+if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
+    import msvcrt
+    import time
+
+    def _lock_fd(fd: int) -> None:
+        while True:
+            try:
+                msvcrt.locking(fd, msvcrt.LK_LOCK, 1)  # retries for ~10 s, then raises
+                return
+            except OSError:
+                time.sleep(0.05)
+
+    def _unlock_fd(fd: int) -> None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+else:
+    import fcntl
+
+    def _lock_fd(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def _unlock_fd(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def file_lock(path: str | os.PathLike) -> _Lock:
+    """``with file_lock(p):`` holds an exclusive lock on ``p`` (created if missing, never deleted).
+
+    The lock file is never removed: unlinking it while another process waits on it would let two
+    processes hold "the" lock on two different files.
+    """
+    return _Lock(Path(path))
+
+
+def atomic_write_text(path: Path, text: str, *, fsync: bool = True) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class DispatchCache:
+    """The cache file of one bundle identity, for one graph's symbols and candidate counts."""
+
+    def __init__(self, cache_dir: str | os.PathLike, identity: str, symbols: Sequence[str],
+                 candidates_per_task: Sequence[int], device_tag: str = ""):
+        # The choice that is fastest depends on the device as much as on the bundle: rows tuned on one
+        # GPU model (or CPU) must not be served on another, so the file name carries both.
+        stem = f"{identity}.{device_tag}" if device_tag else identity
+        self.directory = Path(cache_dir) / "dispatch"
+        self.path = self.directory / f"{stem}.txt"
+        self.lock_path = self.directory / f"{stem}.txt.lock"
+        self.symbols = tuple(symbols)
+        self.candidates_per_task = tuple(candidates_per_task)
+        #: Problems reported so far (each is warned about once per graph).
+        self.problems: list[str] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<DispatchCache {self.path}>"
+
+    # -- reading -------------------------------------------------------------------------------
+    def _parse(self, text: str) -> dict[Key, Choice]:
+        return parse_dispatch_table(text, symbols=self.symbols, candidates_per_task=self.candidates_per_task,
+                                    member=str(self.path))
+
+    def _read(self) -> tuple[dict[Key, Choice], str | None]:
+        """The file's rows and, when it is unusable, why (rows are then empty)."""
+        try:
+            data = self.path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):  # nothing cached yet (a bad directory shows at write)
+            return {}, None
+        except OSError as exc:
+            return {}, f"dispatch cache {self.path} cannot be read ({exc}); ignored"
+        try:
+            return self._parse(data.decode("utf-8")), None
+        except UnicodeDecodeError as exc:
+            where = data.count(b"\n", 0, exc.start) + 1
+            return {}, (f"dispatch cache {self.path}: line {where} is not UTF-8 text; ignored, its keys will be "
+                        f"tuned again")
+        except BundleError as exc:
+            return {}, f"dispatch cache {exc}; ignored, its keys will be tuned again"
+
+    def report(self, problem: str) -> None:
+        """Warn (``DispatchCacheWarning``) about ``problem`` unless it was reported already."""
+        with self._lock:
+            if problem in self.problems:
+                return
+            self.problems.append(problem)
+        warnings.warn(DispatchCacheWarning(problem), stacklevel=4)
+
+    def load(self) -> dict[Key, Choice]:
+        """The cached rows; an unusable file is reported once and read as empty."""
+        rows, problem = self._read()
+        if problem is not None:
+            self.report(problem)
+        return rows
+
+    # -- writing -------------------------------------------------------------------------------
+    def store(self, rows: Mapping[Key, Choice]) -> dict[Key, Choice]:
+        """Merge ``rows`` into the file (locked, atomic) and return every row the file now holds.
+
+        The returned rows include those other processes stored, so a caller can adopt them. A
+        file that cannot be written is reported once; ``rows`` alone are returned then.
+        """
+        if not rows:
+            return self.rows()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with self._lock, file_lock(self.lock_path):
+                current, problem = self._read()
+                if problem is not None:  # replaced below by a valid table
+                    self._report_unlocked(problem)
+                current.update(rows)
+                # No fsync: readers only ever see a whole file (rename), and after a crash the
+                # worst case is a lost or unreadable cache, which is reported and retuned. An
+                # fsync per tuned key would cost more than tuning a small kernel (issue 4).
+                atomic_write_text(self.path, format_dispatch_table(self.symbols, current), fsync=False)
+            return current
+        except OSError as exc:
+            self.report(f"dispatch cache {self.path} cannot be written ({exc}); tuned rows are kept in memory only")
+            return dict(rows)
+
+    def _report_unlocked(self, problem: str) -> None:
+        # Called with self._lock held: record and warn without re-taking it.
+        if problem not in self.problems:
+            self.problems.append(problem)
+            warnings.warn(DispatchCacheWarning(problem), stacklevel=5)
+
+    def rows(self) -> dict[Key, Choice]:
+        """Read the file now (no warning): what every process has stored so far."""
+        return self._read()[0]

@@ -1,0 +1,224 @@
+"""Timing kernel candidates and choosing one: the tuning half of dispatch (issue 4).
+
+Every measurement goes through ``Backend.time`` (host clock around a synchronize on the CPU,
+device events on GPUs), so a plugin decides how its device is timed. The selection rule, also
+documented in ``docs/runtime.md`` §4.1:
+
+1. **Estimate.** Each candidate runs ``warmup`` times (at least once); the fastest of those calls
+   estimates its cost. A candidate whose estimate is below ``min_sample_ms`` is called several
+   times per sample (up to ``max_calls_per_sample``), so that each sample lasts about
+   ``min_sample_ms``: tiny kernels are measured above the timer's and the launch's noise.
+2. **First round.** ``min(3, repeat)`` samples per candidate.
+3. **Early drop.** A candidate whose *fastest* sample is still more than ``drop_ratio`` times the
+   best *median* is clearly slower and is not timed further (its numbers are kept).
+4. **Second round.** The others get the rest of ``repeat`` samples.
+5. **Choice.** The lowest median wins. Candidates within ``tie_tolerance`` (relative) of it are
+   tied, and ties go to the lowest candidate index: the same machine picks the same candidate
+   from run to run, and the compiler's first (default) candidate wins when nothing beats it.
+
+A task that writes in place (``share_map``) would overwrite its own input when run repeatedly, so
+its candidates run on clones of the inputs it writes (``timing_operands``): timing never changes
+the real run's values.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import attrs
+
+from engine.backend import BackendBase
+from engine.bundle.contents import BundleContents
+from engine.runtime.plan import KeyPlan
+from engine.runtime.tasks import CompiledTask
+from engine.storage import Storage
+
+__all__ = ["TuningOptions", "CandidateTiming", "TuningStats", "select_candidate", "timing_operands",
+           "tune_instruction", "launch_runner"]
+
+
+def _positive_int(_inst: object, attr: attrs.Attribute, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"TuningOptions.{attr.name} must be a positive integer, got {value!r}")
+
+
+def _non_negative(_inst: object, attr: attrs.Attribute, value: float) -> None:
+    if not isinstance(value, (int, float)) or value < 0 or math.isnan(value):
+        raise ValueError(f"TuningOptions.{attr.name} must be a non-negative number, got {value!r}")
+
+
+def _ratio(_inst: object, attr: attrs.Attribute, value: float) -> None:
+    if not isinstance(value, (int, float)) or not value > 1:
+        raise ValueError(f"TuningOptions.{attr.name} must be a number above 1, got {value!r}")
+
+
+@attrs.frozen
+class TuningOptions:
+    """How candidates are timed (``graph.tuning``); the rule is in this module's docstring."""
+
+    #: Calls per candidate before sampling; the fastest of them estimates the candidate's cost.
+    warmup: int = attrs.field(default=2, validator=_positive_int)
+    #: Samples per candidate that is not dropped early.
+    repeat: int = attrs.field(default=5, validator=_positive_int)
+    #: A sample of a faster candidate repeats the call until it lasts about this long.
+    min_sample_ms: float = attrs.field(default=2.0, validator=_non_negative)
+    #: Upper bound on calls per sample.
+    max_calls_per_sample: int = attrs.field(default=1000, validator=_positive_int)
+    #: Drop a candidate after the first round when its best sample exceeds this times the best median.
+    drop_ratio: float = attrs.field(default=1.5, validator=_ratio)
+    #: Medians within this relative distance of the lowest are tied; ties go to the lower index.
+    tie_tolerance: float = attrs.field(default=0.02, validator=_non_negative)
+    #: Write a Chrome trace of each key tuned at run time under the cache directory.
+    write_traces: bool = True
+
+
+@attrs.frozen
+class CandidateTiming:
+    """What tuning measured for one instruction (kept for traces, profiles and ``tuning_results``)."""
+
+    instruction: int
+    task: int
+    #: Median milliseconds per call, one per candidate (a dropped candidate's from its first round).
+    medians_ms: tuple[float, ...]
+    chosen: int
+    #: Fastest sample per candidate (milliseconds per call).
+    min_ms: tuple[float, ...] = ()
+    #: Samples taken per candidate.
+    samples: tuple[int, ...] = ()
+    #: Calls per sample per candidate.
+    calls_per_sample: tuple[int, ...] = ()
+    #: Candidates dropped after the first round as clearly slower.
+    dropped: tuple[int, ...] = ()
+    #: Wall milliseconds spent inside ``Backend.time`` for this instruction (all candidates).
+    timed_ms: float = 0.0
+
+
+@attrs.define
+class TuningStats:
+    """Where tuning time went, summed over every key a graph tuned (``graph.tuning_stats()``).
+
+    ``timed_s`` is wall time inside ``Backend.time`` (the candidates' own runs, warmup included);
+    ``total_s`` covers whole slow-path runs that tuned (planning, interpreting, clones, recording,
+    the cache and trace files). The difference is the tuning machinery's overhead.
+    """
+
+    keys: int = 0
+    candidates_timed: int = 0
+    timed_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        return max(0.0, self.total_s - self.timed_s)
+
+    @property
+    def overhead_fraction(self) -> float:
+        return self.overhead_s / self.total_s if self.total_s > 0 else 0.0
+
+
+def select_candidate(medians: Sequence[float], eligible: Sequence[int], tie_tolerance: float) -> int:
+    """The lowest median among ``eligible``; within ``tie_tolerance`` of it, the lowest index."""
+    best = min(medians[c] for c in eligible)
+    limit = best * (1.0 + tie_tolerance)
+    return min(c for c in eligible if medians[c] <= limit)
+
+
+def launch_runner(launch: Any) -> Callable[[], None]:
+    """A no-argument callable that runs a prepared launch once and raises on a failure code."""
+    call = launch.call
+
+    def run_once() -> None:
+        code = call()
+        if code:
+            launch.fail(code)
+
+    return run_once
+
+
+def timing_operands(contents: BundleContents, plan: KeyPlan, task: CompiledTask, pos: int, addrs: Sequence[int],
+                    streams: dict[str, object]) -> tuple[list[int], list[Storage]]:
+    """Operand addresses safe to run instruction ``pos`` repeatedly on, and the clones they use.
+
+    An output written in place over an input (``share_map``) is redirected, together with that
+    input, to a fresh copy of the input. Keep the returned storages alive while timing.
+    """
+    ins = contents.execution.instructions[pos]
+    out = list(addrs)
+    clones: list[Storage] = []
+    if not task.meta.share_map:
+        return out, clones
+    backend = task.backend
+    stream = streams.get(task.meta.device)
+    n_in = len(ins.inputs)
+    for out_arg, in_arg in task.meta.share_map.items():
+        nbytes = plan.nbytes[ins.inputs[in_arg]]
+        clone = backend.allocate(nbytes, task.device_index)
+        clones.append(clone)
+        if nbytes:
+            backend.copy_device(clone.addr, addrs[in_arg], nbytes, stream)
+        out[in_arg] = clone.addr
+        out[n_in + out_arg] = clone.addr
+    return out, clones
+
+
+def _repeated(run_once: Callable[[], None], calls: int) -> Callable[[], None]:
+    if calls == 1:
+        return run_once
+    rng = range(calls)
+
+    def run_many() -> None:
+        for _ in rng:
+            run_once()
+
+    return run_many
+
+
+class _Clock:
+    """Calls ``Backend.time`` and adds the wall time it took to ``elapsed`` (overhead accounting)."""
+
+    __slots__ = ("backend", "device_index", "elapsed")
+
+    def __init__(self, backend: BackendBase, device_index: int):
+        self.backend = backend
+        self.device_index = device_index
+        self.elapsed = 0.0
+
+    def time(self, fn: Callable[[], None], warmup: int, repeat: int) -> list[float]:
+        start = time.perf_counter()
+        try:
+            return self.backend.time(fn, warmup=warmup, repeat=repeat, device_index=self.device_index)
+        finally:
+            self.elapsed += time.perf_counter() - start
+
+
+def tune_instruction(runners: Sequence[Callable[[], None]], backend: BackendBase, device_index: int,
+                     options: TuningOptions, *, instruction: int, task: int) -> CandidateTiming:
+    """Time every candidate runner (one per candidate, on timing operands) and pick one."""
+    count = len(runners)
+    clock = _Clock(backend, device_index)
+    if count == 1:  # nothing to choose; callers normally skip single-candidate tasks
+        return CandidateTiming(instruction, task, (0.0,), 0, (0.0,), (0,), (1,), (), 0.0)
+    calls = []
+    for run in runners:
+        estimate = max(min(clock.time(run, 0, options.warmup)), 1e-6)
+        calls.append(max(1, min(options.max_calls_per_sample, math.ceil(options.min_sample_ms / estimate))))
+    batched = [_repeated(run, n) for run, n in zip(runners, calls)]
+    first = min(3, options.repeat)
+    samples: list[list[float]] = []
+    for run, n in zip(batched, calls):
+        samples.append([s / n for s in clock.time(run, 0, first)])
+    medians = [statistics.median(s) for s in samples]
+    best = min(medians)
+    dropped = tuple(c for c in range(count) if min(samples[c]) > options.drop_ratio * best)
+    survivors = [c for c in range(count) if c not in dropped]
+    rest = options.repeat - first
+    if rest > 0 and len(survivors) > 1:
+        for c in survivors:
+            samples[c].extend(s / calls[c] for s in clock.time(batched[c], 0, rest))
+            medians[c] = statistics.median(samples[c])
+    chosen = select_candidate(medians, survivors, options.tie_tolerance)
+    return CandidateTiming(instruction, task, tuple(medians), chosen, tuple(min(s) for s in samples),
+                           tuple(len(s) for s in samples), tuple(calls), dropped, clock.elapsed * 1e3)

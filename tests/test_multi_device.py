@@ -1,0 +1,141 @@
+"""Plans over two device kinds (issue 3): each kind's intermediates and scratch in its own workspace slot.
+
+The second kind is ``hostdev`` from ``support.py``: host memory under its own kind name and slot 3,
+registered by the test suite, not by an installed plugin (the shape a third-party plugin takes).
+A third kind declared here, ``hostdev256``, asks for 256-byte alignment, as GPU backends do.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.storage import Storage
+from support import HostKindBackend, make_registry
+from test_memory_planner import check_key_plan, run_and_compare
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import planner as bench  # noqa: E402
+
+from engine.runtime.plan import WORKSPACE  # noqa: E402
+
+
+class Host256Backend(HostKindBackend):
+    """Like hostdev, but with 256-byte alignment (allocations and planned offsets) and slot 5; counts
+    ``synchronize`` calls."""
+
+    kind = "hostdev256"
+    workspace_slot = 5
+    alignment = 256
+    syncs = 0
+
+    def synchronize(self, device_index: int = 0) -> None:
+        type(self).syncs += 1
+
+    def _allocate(self, nbytes: int, device_index: int) -> Storage:
+        buf = np.empty(nbytes + 256, np.uint8)
+        addr = buf.ctypes.data
+        return Storage(self.device(device_index), addr + (-addr % 256), nbytes, owner=buf)
+
+
+@pytest.fixture(scope="module")
+def registry256(session_cache):
+    registry = make_registry(session_cache)
+    registry.register_backend(Host256Backend(registry.backend("cpu")), distribution="tests")
+    return registry
+
+
+def _two_kind_spec(device: str) -> bench.DagSpec:
+    """x (cpu) -> a = f(x) [scratch] -> copy to `device` -> c = g(b) [scratch] -> d = h(c) in place
+    -> copy back -> out = k(e, a): `a` stays live on the cpu while the other kind works."""
+    spec = bench.DagSpec(("n",))
+    x = spec.add("uint32", ["n", "3"], "cpu")
+    spec.n_inputs = 1
+
+    def op(dev, ins, shape, *, in_place=False, scratch="0", seed=1):
+        out = spec.add("uint32" if not in_place else spec.tensors[ins[0]].dtype,
+                       spec.tensors[ins[0]].shape if in_place else shape, dev)
+        spec.ops.append(bench.OpSpec(dev, ins, [out], in_place=in_place, scratch=scratch,
+                                     coefs=[(3, 5, 7, seed)], seed=seed))
+        return out
+
+    def copy(t, dev):
+        out = spec.add(spec.tensors[t].dtype, spec.tensors[t].shape, dev)
+        spec.ops.append(bench.OpSpec(dev, [t], [out], copy=True))
+        return out
+
+    a = op("cpu", [x], ["n", "3"], scratch="n * 40 + 3", seed=11)
+    b = copy(a, device)
+    c = op(device, [b], ["n", "5"], scratch="n * 8", seed=12)
+    d = op(device, [c, b], None, in_place=True, scratch="77", seed=13)
+    e = copy(d, "cpu")
+    out = op("cpu", [e, a], ["n", "4"], seed=14)
+    spec.outputs = [out]
+    return spec
+
+
+def test_each_kind_plans_into_its_own_slot(registry2):
+    spec = _two_kind_spec("hostdev")
+    graph = bench.build_dag(spec, registry2).build()
+    assert {t.meta.device for t in graph.compiled_tasks} == {"cpu", "hostdev"}
+    assert sum(t.is_copy for t in graph.compiled_tasks) == 2
+    rng = np.random.default_rng(0)
+    for n in (1, 9, 4, 30):
+        run_and_compare(graph, spec, {"n": n}, rng)
+        plan = graph._key_plan((n,))
+        check_key_plan(graph._contents, plan, {"cpu": 64, "hostdev": 64})
+        ex = graph.graph_execution
+        for t, p in enumerate(plan.placements):
+            if p.where == WORKSPACE:
+                assert p.kind == ex.tensor_device[t]
+        assert set(plan.workspace_bytes) == {"cpu", "hostdev"}
+        assert plan.scratch[0][0] == "cpu" and plan.scratch[2][0] == "hostdev" and plan.scratch[3][0] == "hostdev"
+    # one workspace per kind, allocated by that kind's backend, in the running thread
+    workspaces = graph._local.state.workspaces
+    assert {k: w.device.kind for k, w in workspaces.items()} == {"cpu": "cpu", "hostdev": "hostdev"}
+    report = graph.memory_report(n=30)
+    assert {slot: m.kind for slot, m in report.items()} == {0: "cpu", 3: "hostdev"}
+    for m in report.values():
+        assert 0 < m.lower_bound_bytes <= m.planned_bytes <= m.no_reuse_bytes
+        assert m.planned_bytes == graph._key_plan((30,)).workspace_bytes[m.kind]
+
+
+@given(seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+def test_random_two_kind_graphs(seed, registry2):
+    spec = bench.random_dag(seed, kinds=("cpu", "hostdev"))
+    graph = bench.build_dag(spec, registry2).build()
+    rng = np.random.default_rng(seed)
+    for _ in range(3):
+        env = {s: int(rng.integers(1, 41)) for s in spec.symbols}
+        run_and_compare(graph, spec, env, rng)
+        check_key_plan(graph._contents, graph._key_plan(tuple(env[s] for s in graph.meta.symbols)),
+                       {"cpu": 64, "hostdev": 64})
+
+
+def test_a_kind_declares_its_own_alignment(registry256):
+    spec = _two_kind_spec("hostdev256")
+    graph = bench.build_dag(spec, registry256).build()
+    rng = np.random.default_rng(1)
+    for n in (3, 17):
+        run_and_compare(graph, spec, {"n": n}, rng)
+        plan = graph._key_plan((n,))
+        check_key_plan(graph._contents, plan, {"cpu": 64, "hostdev256": 256})
+        offsets = [p.index for p in plan.placements if p.where == WORKSPACE and p.kind == "hostdev256"]
+        offsets += [s[1] for s in plan.scratch if s is not None and s[0] == "hostdev256"]
+        assert offsets and all(o % 256 == 0 for o in offsets)
+        assert any(o % 256 for o in (plan.nbytes[t] for t in range(len(plan.nbytes))))  # sizes are not
+    state = graph._local.state
+    assert state.workspaces["hostdev256"].addr % 256 == 0
+    syncs = Host256Backend.syncs
+    graph._ensure_workspaces(state, graph._key_plan((5,)))  # fits: nothing happens
+    assert Host256Backend.syncs == syncs
+    graph._ensure_workspaces(state, graph._key_plan((500,)))  # grows: queued work is waited for first
+    assert Host256Backend.syncs == syncs + 1 and state.workspaces["hostdev256"].addr % 256 == 0
+    report = graph.memory_report(n=17)
+    assert report[5].kind == "hostdev256" and report[0].kind == "cpu"
