@@ -23,6 +23,7 @@ from engine.bundle.schema import (GraphExecution, GraphExecutionInstruction, Gra
 from engine.plugins import devices
 from engine.runtime.compiled_graph import CompiledGraph, RunStats, load_compiled_graph, save_compiled_graph
 from engine.runtime.tasks import CompiledTask
+from engine.runtime.capture import CapturedGraph
 from engine.runtime.interpreter import ModelExecutionHook
 
 __version__ = "0.1.0"
@@ -34,6 +35,7 @@ __all__ = [
     "save_compiled_graph",
     "CompiledGraph",
     "CompiledTask",
+    "CapturedGraph",
     "RunStats",
     "ModelExecutionHook",
     "GraphMetaData",

@@ -247,8 +247,6 @@ BAD = [
     (["bench", "mlp.cgb", "--symbol", "seq=3"], 2, "the graph has no symbol 'seq'"),
     (["bench", "mlp.cgb", "--symbol", "batch=0"], 2, "symbol values must be positive integers"),
     (["bench", "mlp.cgb", "--symbol", "batch=a,b"], 2, "cannot read 'a'"),
-    (["bench", "mlp.cgb", "--symbol", "batch=2", "--capture", "--repeat", "2"], 2,
-     "--capture: graph capture is not supported yet for this device (cpu)"),
     (["tune", "mlp.cgb", "--symbol", "batch=8..1"], 2, "empty range '8..1'"),
     (["verify", "corrupt.cgb"], 1, "1 member failed: weights.bin: sha256 mismatch"),
 ]
@@ -548,3 +546,14 @@ def test_directory_bundles(engine_cli, cli_registry, work, tmp_path):
     (folder / "graph_string.txt").write_text("tampered\n")
     code, _, err = engine_cli("verify", str(folder))
     assert code == 1 and "graph_string.txt" in err
+
+
+def test_bench_capture_times_the_captured_replay(engine_cli):
+    code, out, err = engine_cli("bench", "mlp.cgb", "--symbol", "batch=2", "--capture", "--repeat", "3", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    (result,) = doc["results"]
+    assert doc["capture"] is True and result["symbols"] == {"batch": 2} and result["samples"] == 3
+    assert 0 < result["min_ms"] <= result["median_ms"]
+    code, out, err = engine_cli("bench", "mlp.cgb", "--symbol", "batch=2", "--capture", "--repeat", "3")
+    assert code == 0 and "captured replay" in out, (out, err)

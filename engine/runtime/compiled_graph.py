@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
 import attrs
 import numpy as np
@@ -24,7 +24,7 @@ from engine.bundle import archive as _archive
 from engine.bundle.contents import BundleContents, bundle_members, read_bundle
 from engine.bundle.schema import GraphExecution, GraphMetaData
 from engine.device import Device
-from engine.errors import BundleError, DeviceUnavailableError, InputError
+from engine.errors import BundleError, DeviceUnavailableError, InputError, Unsupported
 from engine.plugins import Registry, default_registry
 from engine.runtime.binding import InputBinder
 from engine.runtime.dispatch import DispatchTable
@@ -39,6 +39,9 @@ from engine.runtime.tasks import CompiledTask, load_tasks
 from engine.runtime.weights import check_weights, place_weights
 from engine.storage import ExternalStorage, Storage
 from engine.tensor import Tensor, from_dlpack, tensor_from_numpy
+
+if TYPE_CHECKING:
+    from engine.runtime.capture import CapturedGraph
 
 __all__ = ["CompiledGraph", "RunStats", "load_compiled_graph", "save_compiled_graph"]
 
@@ -570,6 +573,23 @@ class CompiledGraph:
             inputs, lambda plan: ProfileRecorder(self._contents, plan, self._devices, warmup=warmup, repeat=repeat))
         rows = tuple(cast(ProfileRecorder, recorder).rows)
         return Profile(tuple(self.meta.symbols), plan.key, rows, warmup, repeat)
+
+    def capture(self, *example_inputs: Any) -> "CapturedGraph":
+        """A replayable run at the key of ``example_inputs``, on static buffers (see ``CapturedGraph``).
+
+        The key is tuned first if needed; a backend that can record runs (CUDA/HIP graphs) records
+        it, otherwise the replay is the prepared launches alone (on the CPU: one fused native call).
+        """
+        from engine.runtime.capture import capture_graph
+
+        return capture_graph(self, example_inputs)
+
+    def cuda_graph(self, *example_inputs: Any) -> "CapturedGraph":
+        """The reference runtime's name for ``capture`` on CUDA devices."""
+        if "cuda" not in self._devices:
+            raise Unsupported(f"cuda_graph() needs a graph that runs on CUDA; this one runs on "
+                              f"{', '.join(str(d) for d in self._devices.values())}: use capture()")
+        return self.capture(*example_inputs)
 
     def register_hook(self, hook: ModelExecutionHook) -> None:
         """Call ``hook(instruction_index, inputs, outputs)`` after each instruction (runs interpreted)."""

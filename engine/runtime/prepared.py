@@ -112,6 +112,7 @@ class PreparedRun:
 
     def run(self, input_addrs: Sequence[int], inputs: Sequence[Any],
             out_storages: Sequence[Storage] | None = None) -> list[Tensor]:
+        # patch() and launch() inlined: this is the per-run path (issue 2 budget: 10 µs per run).
         for patches, addr in zip(self.input_patches, input_addrs):
             for set_tensor, a in patches:
                 set_tensor(a, addr)
@@ -126,6 +127,22 @@ class PreparedRun:
             if code:
                 self._fail(call, code)
         return self.wrap_outputs(input_addrs, inputs, out_storages)
+
+    def patch(self, input_addrs: Sequence[int], out_storages: Sequence[Storage]) -> None:
+        """Point every launch at these inputs and outputs (a captured graph does it once)."""
+        for patches, addr in zip(self.input_patches, input_addrs):
+            for set_tensor, a in patches:
+                set_tensor(a, addr)
+        for patches, storage in zip(self.slot_patches, out_storages):
+            for set_tensor, a in patches:
+                set_tensor(a, storage.addr)
+
+    def launch(self) -> None:
+        """Make every call with the addresses last patched; ``KernelError`` on a failing kernel."""
+        for call in self.calls:
+            code = call()
+            if code:
+                self._fail(call, code)
 
     def _fail(self, call: Callable[[], int], code: int) -> None:
         target = self.launch_of_call[call]
