@@ -242,7 +242,7 @@ def test_weights_survive_save_and_load_bit_exact(tmp_path, registry, dtype):
         raw = raw % 2
     values = raw.view(dt.numpy).reshape(37, 5)
     b = GraphBuilder("identity", registry=registry)
-    n = b.input("n", dtype, ["rows", 5])
+    b.input("n", dtype, ["rows", 5])  # binds the symbol; the kernel copies the weight
     w = b.weight("w", values)
     k = b.kernel("copy", entries=["copy_bytes"], source=f"#define NBYTES {5 * dt.nbytes}\n" + IDENTITY_C)
     (y,) = b.call(k, [w], [(dtype, [37, 5])], symbols=["rows"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ import pytest
 
 import engine
 from engine.build import GraphBuilder
-from engine.demo.mlp import build_mlp, mlp_weights, reference_mlp
+from engine.demo.mlp import mlp_weights, reference_mlp
 
 
 @pytest.fixture

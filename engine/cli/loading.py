@@ -88,6 +88,28 @@ def read_contents(path: Path) -> "BundleContents":
     return read_bundle(path)
 
 
+def read_outline(path: Path) -> "_Outline":
+    """The bundle's metadata, validated without any plugin; ``.kinds`` are the device kinds it runs on."""
+    contents = read_contents(path)
+    contents.archive.close()
+    return _Outline(contents.meta, contents.analysis.kinds)
+
+
+class _Outline:
+    """What commands need to know before loading: the metadata and the device kinds."""
+
+    __slots__ = ("meta", "kinds")
+
+    def __init__(self, meta: "GraphMetaData", kinds: Sequence[str]):
+        self.meta = meta
+        self.kinds = tuple(kinds)
+
+
+def open_graph(path: Path, device_text: str | None, kinds: Sequence[str], registry: "Registry") -> "CompiledGraph":
+    """``--device`` checked (exit 2 when absent), then the graph loaded (engine errors: exit 1)."""
+    return load_graph(path, resolve_device(device_text, kinds, registry), registry)
+
+
 def resolve_device(text: str | None, kinds: Sequence[str], registry: "Registry") -> "Device | None":
     """``--device`` checked against the bundle's kinds and this machine's devices (UsageError if absent)."""
     if text is None:

@@ -120,6 +120,20 @@ def emit_json(doc: Any, stream: IO[str] | None = None) -> None:
     out.write("\n")
 
 
+def finish(doc: dict, *, as_json: bool, render: Any, out_path: Any = None, saved: str = "results") -> int:
+    """The end of a reporting command: the JSON document to ``out_path`` (if any), then either the
+    JSON on stdout (``--json``) or the rendered text and where the document was saved."""
+    if out_path is not None:
+        out_path.write_text(json.dumps(to_jsonable(doc), indent=2) + "\n")
+    if as_json:
+        emit_json(doc)
+        return 0
+    print(render(doc))
+    if out_path is not None:
+        print(f"\n{saved} saved to {out_path}")
+    return 0
+
+
 def one_line(text: object) -> str:
     """Collapse a (possibly multi-line) message onto one line."""
     parts = [p.strip() for p in str(text).splitlines() if p.strip()]

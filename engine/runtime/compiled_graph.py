@@ -30,7 +30,7 @@ from engine.runtime.binding import InputBinder
 from engine.runtime.dispatch import DispatchTable
 from engine.runtime.dispatch_cache import DispatchCache
 from engine.runtime.interpreter import InstructionObserver, ModelExecutionHook, interpret
-from engine.runtime.plan import KeyPlan, build_key_plan
+from engine.runtime.plan import GraphPlanner, KeyPlan
 from engine.runtime.prepared import OutputWrapper, PreparedRun
 from engine.runtime.profile import Profile, ProfileRecorder
 from engine.runtime.trace import TraceRecorder, session_trace, trace_file_name, write_trace
@@ -131,6 +131,7 @@ class CompiledGraph:
         #: The Chrome trace the latest ``tune()`` wrote (``None`` until one tuned a key).
         self.last_tune_trace: Path | None = None
         self._plans: dict[tuple[int, ...], KeyPlan] = {}
+        self._planner: GraphPlanner | None = None
         self._lock = threading.RLock()
         self._local = threading.local()
         self._counters: list[_Counters] = []
@@ -237,12 +238,10 @@ class CompiledGraph:
         if plan is None:
             # One GraphPlanner per graph keeps what does not depend on the key (issue 3); made on the
             # first plan so that loading stays cheap.
-            planner = getattr(self, "_planner", None)
+            planner = self._planner
             if planner is None:
-                from engine.runtime.plan import GraphPlanner
-
                 with self._lock:
-                    planner = getattr(self, "_planner", None)
+                    planner = self._planner
                     if planner is None:
                         planner = GraphPlanner(self._contents, {k: b.alignment for k, b in self._backends.items()})
                         self._planner = planner

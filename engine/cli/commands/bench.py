@@ -9,7 +9,6 @@ prepares the fast path), then ``--warmup`` untimed runs, then ``--repeat`` timed
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -19,9 +18,9 @@ from engine.cli.args import UsageError, parse_symbols
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
 from engine.cli.loading import (check_bundle_path, check_output_path, key_grid, load_graph, place_inputs,
-                                random_array, read_contents, resolve_device, synchronize)
+                                random_array, read_outline, resolve_device, synchronize)
 from engine.cli.progress import Progress
-from engine.cli.render import emit_json, ms, rate, table, to_jsonable
+from engine.cli.render import finish, ms, rate, table
 
 EXAMPLES = """
   engine bench mlp.cgb --symbol batch=1,8,64                  median/p90 latency and throughput per batch
@@ -108,10 +107,8 @@ def run(args: argparse.Namespace) -> int:
     path = check_bundle_path(args.bundle)
     registry = registry_of(args)
     out_path = check_output_path(args.output, option="--output") if args.output else None
-    contents = read_contents(path)
-    meta = contents.meta
-    kinds = contents.analysis.kinds
-    contents.archive.close()
+    outline = read_outline(path)
+    meta, kinds = outline.meta, outline.kinds
     values = parse_symbols(args.symbol, meta.symbols, required=True)
     keys = key_grid(values, meta.symbols)
     devices = [resolve_device(d, kinds, registry) for d in (args.device or [None])]
@@ -148,15 +145,7 @@ def run(args: argparse.Namespace) -> int:
                                     **summarize(samples, key)})
     doc = {"bundle": str(path), "warmup": args.warmup, "repeat": args.repeat, "capture": bool(args.capture),
            "symbols": list(meta.symbols), "results": results}
-    if out_path is not None:
-        out_path.write_text(json.dumps(to_jsonable(doc), indent=2) + "\n")
-    if args.json:
-        emit_json(doc)
-        return 0
-    print(render(doc))
-    if out_path is not None:
-        print(f"\nresults saved to {out_path}")
-    return 0
+    return finish(doc, as_json=args.json, render=render, out_path=out_path)
 
 
 def render(doc: dict) -> str:

@@ -200,8 +200,8 @@ def render(doc: dict, *, weights: bool, graph: bool) -> str:
         f"{plural(doc['members'], 'member')})",
         f"format    engine.bundle {doc['format_version']}, written by engine {doc['engine_version']}",
         f"identity  {doc['identity']}",
-        f"manifest  ok: every member listed; metadata and kernel binaries match their sha256 "
-        f"(weights are not hashed here: 'engine verify' does)",
+        "manifest  ok: every member listed; metadata and kernel binaries match their sha256 "
+        "(weights are not hashed here: 'engine verify' does)",
         "",
         table(["kind", "name", "dtype", "shape", "device"],
               [["input", s["name"], s["dtype"], "[" + ", ".join(s["shape"]) + "]", s["device"]] for s in doc["inputs"]]

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from engine.cli.args import CheckFailed
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
-from engine.cli.loading import (check_bundle_path, check_output_path, load_graph, make_inputs, read_contents,
-                                resolve_device)
-from engine.cli.render import emit_json, key_text, ms, table, to_jsonable
+from engine.cli.loading import check_bundle_path, check_output_path, make_inputs, open_graph, read_outline
+from engine.cli.render import finish, key_text, ms, table
 
 EXAMPLES = """
   engine profile mlp.cgb --random --symbol batch=64              per-kernel median and min times
@@ -49,29 +46,15 @@ def run(args: argparse.Namespace) -> int:
     path = check_bundle_path(args.bundle)
     registry = registry_of(args)
     out_path = check_output_path(args.output, option="--output") if args.output else None
-    contents = read_contents(path)
-    kinds = contents.analysis.kinds
-    contents.archive.close()
-    device = resolve_device(args.device, kinds, registry)
-    graph = load_graph(path, device, registry)
+    graph = open_graph(path, args.device, read_outline(path).kinds, registry)
     with graph:
-        if not hasattr(graph, "profile"):
-            raise CheckFailed("this engine's CompiledGraph has no profile() yet (it arrives with issue 4)")
         inputs, key, _ = make_inputs(graph, args.input, args.symbol, random=args.random, seed=args.seed,
                                          registry=registry)
         profile = graph.profile(inputs, warmup=args.warmup, repeat=args.repeat)
         doc = {"bundle": str(path), "devices": [str(d) for d in graph.devices.values()], "symbols": key,
                "warmup": args.warmup, "repeat": args.repeat, "total_ms": float(profile.total_ms),
                "rows": rows_doc(profile)}
-    if out_path is not None:
-        out_path.write_text(json.dumps(to_jsonable(doc), indent=2) + "\n")
-    if args.json:
-        emit_json(doc)
-        return 0
-    print(render(doc))
-    if out_path is not None:
-        print(f"\nprofile saved to {out_path}")
-    return 0
+    return finish(doc, as_json=args.json, render=render, out_path=out_path, saved="profile")
 
 
 def render(doc: dict) -> str:

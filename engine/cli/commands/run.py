@@ -11,8 +11,8 @@ import numpy as np
 from engine.cli.args import UsageError
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
-from engine.cli.loading import (check_bundle_path, check_output_path, input_names, load_graph, make_inputs,
-                                output_names, read_contents, resolve_device, synchronize)
+from engine.cli.loading import (check_bundle_path, check_output_path, input_names, make_inputs, open_graph,
+                                output_names, read_outline, synchronize)
 from engine.cli.render import emit_json, key_text, ms, table
 
 EXAMPLES = """
@@ -70,14 +70,11 @@ def run(args: argparse.Namespace) -> int:
     out_path = None
     if args.output is not None:
         out_path = check_output_path(args.output, option="--output")
-    contents = read_contents(path)
-    kinds = contents.analysis.kinds
-    n_out = len(contents.meta.outputs)
-    contents.archive.close()
+    outline = read_outline(path)
+    n_out = len(outline.meta.outputs)
     if out_path is not None and out_path.suffix == ".npy" and n_out != 1:
         raise UsageError(f"--output {args.output}: the graph has {n_out} outputs; use a .npz file")
-    device = resolve_device(args.device, kinds, registry)
-    graph = load_graph(path, device, registry)
+    graph = open_graph(path, args.device, outline.kinds, registry)
     with graph:
         inputs, key, made = make_inputs(graph, args.input, args.symbol, random=args.random, seed=args.seed,
                                          registry=registry)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
-from engine.cli.args import CheckFailed
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
-from engine.cli.loading import (check_bundle_path, check_output_path, load_graph, make_inputs, read_contents,
-                                resolve_device)
+from engine.cli.loading import check_bundle_path, check_output_path, make_inputs, open_graph, read_outline
 from engine.cli.render import emit_json, key_text, plural, table
 
 EXAMPLES = """
@@ -48,14 +46,8 @@ def run(args: argparse.Namespace) -> int:
     path = check_bundle_path(args.bundle)
     registry = registry_of(args)
     out_path = check_output_path(args.output, option="-o/--output")
-    contents = read_contents(path)
-    kinds = contents.analysis.kinds
-    contents.archive.close()
-    device = resolve_device(args.device, kinds, registry)
-    graph = load_graph(path, device, registry)
+    graph = open_graph(path, args.device, read_outline(path).kinds, registry)
     with graph:
-        if not hasattr(graph, "trace"):
-            raise CheckFailed("this engine's CompiledGraph has no trace() yet (it arrives with issue 4)")
         inputs, key, _ = make_inputs(graph, args.input, args.symbol, random=args.random, seed=args.seed,
                                          registry=registry)
         trace = graph.trace(inputs, path=str(out_path))

@@ -13,8 +13,7 @@ import time
 from engine.cli.args import UsageError, parse_symbols
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
-from engine.cli.loading import check_bundle_path, check_output_path, key_grid, load_graph, read_contents, \
-    resolve_device
+from engine.cli.loading import check_bundle_path, check_output_path, key_grid, open_graph, read_outline
 from engine.cli.progress import Progress
 from engine.cli.render import emit_json, group_rows, key_text, plural, table
 
@@ -91,14 +90,11 @@ def run(args: argparse.Namespace) -> int:
         target = check_output_path(args.output, option="-o/--output")
     elif args.save:
         target = path
-    contents = read_contents(path)
-    meta = contents.meta
-    kinds = contents.analysis.kinds
-    contents.archive.close()
+    outline = read_outline(path)
+    meta, kinds = outline.meta, outline.kinds
     values = parse_symbols(args.symbol, meta.symbols, required=True)
     grid_values = values if args.policy == "tune" else {s: anchors(v) for s, v in values.items()}
-    device = resolve_device(args.device, kinds, registry)
-    graph = load_graph(path, device, registry)
+    graph = open_graph(path, args.device, kinds, registry)
     with graph:
         _set_tuning(graph, args.warmup, args.repeat)
         keys = key_grid(grid_values, meta.symbols)
