@@ -194,3 +194,15 @@ def test_tune_ahead_of_time_then_no_slow_path(mlp_bundle, fresh_registry, tmp_pa
     assert loaded.run_stats().slow_runs == 0 and loaded.run_stats().prepared_runs == 4
     with pytest.raises(engine.InputError, match="needs values for exactly the symbols"):
         graph.tune(seq=[1])
+
+
+def test_example_script_runs(tmp_path):
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "examples" / "mlp_classifier.py"
+    env = {**__import__("os").environ, "ENGINE_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "predicted classes:" in proc.stdout and (tmp_path / "mlp-tuned.cgb").is_file()
+    assert "slow_runs=0" in proc.stdout
