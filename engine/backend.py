@@ -159,6 +159,7 @@ class Backend(Protocol):
     formats: tuple[str, ...]
     alignment: int
     host_accessible: bool
+    has_streams: bool
 
     def availability(self) -> Availability: ...
     def device_count(self) -> int: ...
@@ -195,6 +196,10 @@ class BackendBase:
     host_accessible: ClassVar[bool] = False
     #: Source languages ``compile`` accepts (e.g. ``("c",)``).
     languages: ClassVar[tuple[str, ...]] = ()
+    #: ``current_stream()`` can change within a thread (GPU streams). The engine then checks it on
+    #: every run and keeps one workspace per (thread, stream), so work queued on two streams never
+    #: shares scratch memory. Streams must then be hashable and compare equal for the same stream.
+    has_streams: ClassVar[bool] = False
 
     # -- availability ------------------------------------------------------------------------
     def availability(self) -> Availability:

@@ -73,13 +73,17 @@ class _Counters:
 
 
 class _ThreadState:
-    __slots__ = ("generation", "runs", "workspaces", "streams", "counters", "__weakref__")
+    """Workspaces and prepared runs of one thread on one set of streams (DESIGN §6)."""
 
-    def __init__(self, generation: int, streams: dict[str, object], counters: _Counters):
+    __slots__ = ("generation", "runs", "workspaces", "streams", "stream_key", "counters", "__weakref__")
+
+    def __init__(self, generation: int, streams: dict[str, object], counters: _Counters,
+                 stream_key: tuple[object, ...] = ()):
         self.generation = generation
         self.runs: dict[tuple[int, ...], PreparedRun] = {}
         self.workspaces: dict[str, Storage] = {}
         self.streams = streams
+        self.stream_key = stream_key
         self.counters = counters
 
 
@@ -109,6 +113,7 @@ class CompiledGraph:
             self._devices[kind] = Device(kind, index)
             names[kind] = avail.device_names[index] if index < len(avail.device_names) else ""
         self._device_index = {k: d.index for k, d in self._devices.items()}
+        self._stream_kinds = tuple(k for k, b in self._backends.items() if b.has_streams)
         #: Which devices tuning results are valid for (the dispatch cache is keyed by it).
         self.device_tag = hashlib.sha256(
             "|".join(f"{k}={names[k]}" for k in sorted(names)).encode()).hexdigest()[:16]
@@ -209,6 +214,8 @@ class CompiledGraph:
         state = getattr(self._local, "state", None)
         if state is None or state.generation != self._generation:
             state = self._new_state()
+        if self._stream_kinds:
+            state = self._stream_state(state)
         out_storages = None if outputs is None else self._output_storages(outputs, key)
         run = state.runs.get(key)
         if run is None or self._hooks:
@@ -222,16 +229,34 @@ class CompiledGraph:
 
     def _new_state(self) -> _ThreadState:
         streams = {k: b.current_stream(self._device_index[k]) for k, b in self._backends.items()}
+        stream_key = tuple(streams[k] for k in self._stream_kinds)
         old = getattr(self._local, "state", None)
         if old is not None:  # keep workspaces and counts across a set_weights; prepared runs are rebuilt
-            state = _ThreadState(self._generation, streams, old.counters)
-            state.workspaces = old.workspaces
+            state = _ThreadState(self._generation, streams, old.counters, stream_key)
+            if old.stream_key == stream_key:
+                state.workspaces = old.workspaces
         else:
-            state = _ThreadState(self._generation, streams, _Counters())
+            state = _ThreadState(self._generation, streams, _Counters(), stream_key)
             with self._lock:
                 self._counters.append(state.counters)
         self._local.state = state
+        if self._stream_kinds:
+            self._local.__dict__.setdefault("by_stream", {})[stream_key] = state
         return state
+
+    def _stream_state(self, state: _ThreadState) -> _ThreadState:
+        """The state for the thread's current streams: work queued on another stream gets its own
+        workspaces (and prepared runs pointing into them), so it never shares scratch memory."""
+        current = tuple(self._backends[k].current_stream(self._device_index[k]) for k in self._stream_kinds)
+        if current == state.stream_key:
+            return state
+        other = self._local.__dict__.setdefault("by_stream", {}).get(current)
+        if other is None or other.generation != self._generation:
+            streams = {**state.streams, **dict(zip(self._stream_kinds, current))}
+            other = _ThreadState(self._generation, streams, state.counters, current)
+            self._local.by_stream[current] = other
+        self._local.state = other
+        return other
 
     def _key_plan(self, key: tuple[int, ...]) -> KeyPlan:
         plan = self._plans.get(key)
@@ -512,9 +537,12 @@ class CompiledGraph:
             return attrs.evolve(self._tuning_stats)
 
     def _thread_state(self) -> _ThreadState:
+        """The calling thread's state for its current streams (``run_async`` inlines this)."""
         state = getattr(self._local, "state", None)
         if state is None or state.generation != self._generation:
             state = self._new_state()
+        if self._stream_kinds:
+            state = self._stream_state(state)
         return state
 
     def _observed_run(self, inputs: Sequence[Any], observer: Callable[[KeyPlan], InstructionObserver]
