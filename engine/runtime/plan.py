@@ -13,7 +13,9 @@ and size expressions. Planning a key then evaluates each distinct expression onc
 block sizes with numpy, and assigns offsets (``engine.runtime.memory``): by replaying the plan of
 a template key (``template_key``) when that is within ``REPLAY_SLACK_PERCENT`` of the lower bound,
 else by a fresh best-fit. A new key of a 1,000-instruction transformer then costs about a
-millisecond instead of 68 ms (``docs/memory.md`` has the figures; issue 3).
+millisecond instead of 68 ms, and the first key of a power-of-two bucket (which plans the template
+with the vectorised ``memory.fit``) 4-5 ms; the interference matrix and the tie order that ``fit``
+needs are worked out once per graph (``docs/memory.md`` has the figures; issue 3).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from engine.bundle.contents import BundleContents
 from engine.bundle.validate import ROLE_INPUT, ROLE_WEIGHT
 from engine.errors import EngineError, InputError
 from engine.expr import Expr
-from engine.runtime.memory import ReplayTemplate, live_peak, plan_blocks
+from engine.runtime.memory import Interference, ReplayTemplate, live_peak, plan_array, tie_ranks
 
 __all__ = ["Placement", "KeyPlan", "OutputSlot", "GraphPlanner", "build_key_plan", "INPUT", "WEIGHT", "OUTPUT",
            "WORKSPACE", "REPLAY_SLACK_PERCENT", "template_key"]
@@ -112,7 +114,8 @@ class KeyPlan:
     workspace_bytes: Mapping[str, int]
     lower_bound_bytes: Mapping[str, int]
     no_reuse_bytes: Mapping[str, int]
-    #: Per kind, how its offsets were found: "best-fit" or "replay" (of the template key's plan).
+    #: Per kind, how its offsets were found: "replay" (of the template key's plan), "template" (the key
+    #: is its own template key: that plan) or "best-fit".
     planned_by: Mapping[str, str] = attrs.field(factory=dict)
 
 
@@ -135,7 +138,7 @@ class _KindBlocks:
     """The workspace blocks of one kind: intermediate tensor groups first, then kernel scratch."""
 
     __slots__ = ("kind", "alignment", "starts", "ends", "starts_list", "ends_list", "size_src", "n_tensors",
-                 "scratch_pos", "templates")
+                 "scratch_pos", "templates", "graph", "ties")
 
     def __init__(self, kind: str, alignment: int):
         self.kind = kind
@@ -145,13 +148,29 @@ class _KindBlocks:
         self.size_src: list[int] | np.ndarray = []  # index into the key's size vector
         self.n_tensors = 0
         self.scratch_pos: list[int] = []
-        #: Replay templates by template key (``template_key``); None where that key cannot be planned.
-        self.templates: dict[tuple[int, ...], ReplayTemplate | None] = {}
+        #: Templates by template key (``template_key``); None where that key cannot be planned.
+        self.templates: dict[tuple[int, ...], _Template | None] = {}
 
     def freeze(self) -> None:
         self.starts = np.array(self.starts_list, np.int64)
         self.ends = np.array(self.ends_list, np.int64)
         self.size_src = np.array(self.size_src, np.int64)
+        # Key-independent structure for ``memory.fit``: which blocks interfere, and the order among
+        # blocks that share a size expression (equal at every key).
+        self.graph = Interference(self.starts, self.ends)
+        self.ties = tie_ranks(self.starts, self.ends, self.size_src)
+
+
+class _Template:
+    """A template key's plan of one kind (sizes with empty blocks as one unit), and that plan
+    recorded for replay, made on the first key that replays it."""
+
+    __slots__ = ("offsets", "sizes", "replayer")
+
+    def __init__(self, offsets: np.ndarray, sizes: np.ndarray):
+        self.offsets = offsets
+        self.sizes = sizes
+        self.replayer: ReplayTemplate | None = None
 
 
 class GraphPlanner:
@@ -358,8 +377,8 @@ class GraphPlanner:
         # Per key, one vector of sizes: the distinct tensor sizes, then each kernel's workspace.
         return env, shapes, sizes.tolist(), np.concatenate([sizes, workspaces])
 
-    def _template(self, kb: _KindBlocks, tkey: tuple[int, ...]) -> ReplayTemplate | None:
-        """The kind's replay template at template key ``tkey`` (its best-fit plan), built once."""
+    def _template(self, kb: _KindBlocks, tkey: tuple[int, ...]) -> _Template | None:
+        """The kind's template at template key ``tkey`` (its best-fit plan), planned once."""
         template = kb.templates.get(tkey, _MISSING)
         if template is not _MISSING:
             return template  # type: ignore[return-value]
@@ -370,19 +389,37 @@ class GraphPlanner:
                     aligned = _aligned(self._values(tkey)[3][kb.size_src], kb.alignment)
                     if sum(aligned.tolist()) > _MAX_BYTES:
                         raise InputError("the template key's workspace is too large")
-                    template = ReplayTemplate.from_blocks(kb.starts_list, kb.ends_list, aligned.tolist())[0]
+                    # Empty blocks count as one unit so that the template orders them too: a block
+                    # empty at the template key may be large at another.
+                    positive = aligned[aligned > 0]
+                    padded = np.where(aligned > 0, aligned, int(positive.min()) if positive.size else 1)
+                    bound = live_peak(kb.starts, kb.ends, padded)
+                    offsets, _ = plan_array(kb.starts, kb.ends, padded, bound, _good_enough(bound),
+                                            graph=kb.graph, ties=kb.ties)
+                    template = _Template(offsets, padded)
                 except (EngineError, ArithmeticError):
                     template = None  # the template key is not a valid key: plan these keys afresh
                 kb.templates[tkey] = template
         return template  # type: ignore[return-value]
 
+    def _replayer(self, kb: _KindBlocks, template: _Template) -> ReplayTemplate:
+        """The template's plan recorded for replay (``ReplayTemplate``), on its first replay."""
+        replayer = template.replayer
+        if replayer is None:
+            with self._lock:
+                replayer = template.replayer
+                if replayer is None:
+                    replayer = template.replayer = ReplayTemplate(kb.starts, kb.ends, template.offsets, template.sizes,
+                                                                  kb.graph)
+        return replayer
+
     def _assign(self, kb: _KindBlocks, key: tuple[int, ...], aligned: np.ndarray,
                 bound: int) -> tuple[np.ndarray, int, str]:
         """Offsets, peak and how they were found, for one kind's blocks at ``key``."""
         if not self.symbols:  # a static graph has one key: plan it as well as we can
-            fresh, peak = plan_blocks(kb.starts_list, kb.ends_list, aligned.tolist(), bound)
-            return np.array(fresh, np.int64), peak, "best-fit"
-        good_enough = bound + bound * REPLAY_SLACK_PERCENT // 100
+            fresh, peak = plan_array(kb.starts, kb.ends, aligned, bound, graph=kb.graph, ties=kb.ties)
+            return fresh, peak, "best-fit"
+        good_enough = _good_enough(bound)
         best: tuple[np.ndarray, int, str] | None = None
         nearest = template_key(key)
         for tkey in (nearest, template_key(key, other=True)):
@@ -391,14 +428,20 @@ class GraphPlanner:
             template = self._template(kb, tkey)
             if template is None:
                 continue
-            offsets, peak = template.replay(aligned)
+            if tkey == key:  # the template key itself: the template's plan (empty blocks at 0)
+                offsets = np.where(aligned > 0, template.offsets, 0)
+                peak = int((offsets + aligned).max(initial=0))
+                how = "template"
+            else:
+                offsets, peak = self._replayer(kb, template).replay(aligned)
+                how = "replay"
             if best is None or peak < best[1]:
-                best = (offsets, peak, "replay")
+                best = (offsets, peak, how)
             if peak <= good_enough:
                 return best
-        fresh, peak = plan_blocks(kb.starts_list, kb.ends_list, aligned.tolist(), bound, target=good_enough)
+        fresh, peak = plan_array(kb.starts, kb.ends, aligned, bound, good_enough, graph=kb.graph, ties=kb.ties)
         if best is None or peak < best[1]:
-            best = (np.array(fresh, np.int64), peak, "best-fit")
+            best = (fresh, peak, "best-fit")
         return best
 
     def plan(self, key: tuple[int, ...]) -> KeyPlan:
@@ -451,6 +494,10 @@ class GraphPlanner:
             no_reuse_bytes=no_reuse,
             planned_by=planned_by,
         )
+
+
+def _good_enough(bound: int) -> int:
+    return bound + bound * REPLAY_SLACK_PERCENT // 100
 
 
 def _aligned(sizes: np.ndarray, alignment: int) -> np.ndarray:
