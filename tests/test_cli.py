@@ -334,7 +334,7 @@ def test_progress_draws_only_on_a_terminal(monkeypatch):
     assert pipe.getvalue() == ""
     monkeypatch.setenv("TERM", "dumb")
     assert not Progress(1, "x", stream=_FakeTerminal()).enabled
-    assert Progress(2048, "verifying", unit="B", enabled=False).line().endswith("0B/2.0KiB")
+    assert Progress(2048, "verifying", unit="B", enabled=False).line().endswith("0 B/2.0 KiB")
 
 
 # ---- devices ---------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ import sys
 import time
 from typing import IO
 
+from engine.runtime.report import format_bytes
+
 __all__ = ["Progress"]
 
 _MIN_INTERVAL_S = 0.1
@@ -21,7 +23,7 @@ _BAR_WIDTH = 24
 
 
 class Progress:
-    """``with Progress(total, "tuning") as bar: bar.advance(1, "batch=8")``."""
+    """``with Progress(total, "tuning") as bar: bar.advance(1, "batch=8")``; ``unit="B"`` counts bytes."""
 
     def __init__(self, total: int, label: str, *, stream: IO[str] | None = None, enabled: bool | None = None,
                  unit: str = ""):
@@ -62,7 +64,7 @@ class Progress:
         if self.total:
             filled = int(_BAR_WIDTH * self.done / self.total)
             bar = "[" + "#" * filled + "." * (_BAR_WIDTH - filled) + "]"
-            fmt = (lambda n: _human(n) + self.unit) if self.unit else str  # noqa: E731
+            fmt = format_bytes if self.unit == "B" else str
             count = f"{fmt(self.done)}/{fmt(self.total)}"
             text = f"{self.label} {bar} {count}"
         else:
@@ -106,9 +108,4 @@ def _columns() -> int:
     return max(columns, 20) if columns else 80  # 0 when the terminal does not say
 
 
-def _human(n: int) -> str:
-    for unit in ("", "Ki", "Mi", "Gi"):
-        if n < 1024 or unit == "Gi":
-            return f"{n}{unit}" if unit == "" else f"{n:.1f}{unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+

@@ -13,6 +13,8 @@ import math
 import sys
 from typing import IO, Any, Sequence
 
+from engine.runtime.report import format_bytes
+
 __all__ = ["table", "format_bytes", "ms", "rate", "emit_json", "to_jsonable", "one_line", "plural", "key_text",
            "compress_values", "group_rows"]
 
@@ -33,16 +35,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: Se
     out = [line(list(headers)), line(["-" * w for w in widths])]
     out.extend(line(r) for r in cells)
     return "\n".join(out)
-
-
-def format_bytes(n: int) -> str:
-    """``37.5 KiB``; exact below 1 KiB."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def ms(value: float) -> str:

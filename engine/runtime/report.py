@@ -11,15 +11,14 @@ if TYPE_CHECKING:
 
 __all__ = ["graph_table", "memory_report", "SlotMemory", "MemoryReport", "format_bytes"]
 
-SLOT_OF_KIND = {"cpu": 0, "cuda": 1, "hip": 2}
-
-
 def format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+    """``37.5 KiB``; exact below 1 KiB. The one byte formatter of the engine and its CLI."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
