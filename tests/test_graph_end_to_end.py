@@ -265,3 +265,18 @@ def test_weights_are_memory_mapped_not_copied(mlp_bundle, registry):
     assert offset % 4096 == 0
     base = np.frombuffer(archive.map("weights.bin"), np.uint8)
     assert np.shares_memory(w1.numpy(), base)
+
+
+def test_caller_given_outputs_are_checked(mlp_bundle, registry):
+    graph = engine.load_compiled_graph(mlp_bundle, registry=registry)
+    x = np.ones((2, 64), np.float32)
+    with pytest.raises(engine.InputError, match=r"outputs\[0\]: expected a C-contiguous float32\[2, 10\] array, got float64"):
+        graph.run_async([x], outputs=[np.zeros((2, 10))])
+    with pytest.raises(engine.InputError, match=r"got float32\[10, 2\] \(not C-contiguous\)"):
+        graph.run_async([x], outputs=[np.zeros((2, 10), np.float32).T])
+    frozen = np.zeros((2, 10), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(engine.InputError, match="read-only"):
+        graph.run_async([x], outputs=[frozen])
+    with pytest.raises(engine.InputError, match="the graph has 1 outputs, got 2"):
+        graph.run_async([x], outputs=[np.zeros((2, 10), np.float32)] * 2)
