@@ -8,6 +8,7 @@ takes, and the second kind that multi-device and wrong-device tests need.
 from __future__ import annotations
 
 import ctypes
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,27 @@ class HostKindBackend(BackendBase):
 
     def compile(self, source, language, options=None):
         return self._cpu.compile(source, language, options)
+
+
+def run_in_threads(work, n: int) -> None:
+    """Run ``work(i)`` for i in 0..n-1 in ``n`` threads released together; re-raise the first failure."""
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def target(i: int) -> None:
+        try:
+            barrier.wait()
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def make_registry(cache_dir: Path, *, with_hostdev: bool = False) -> Registry:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
 
 import engine
 from engine.demo.mlp import mlp_weights, reference_mlp
+from support import run_in_threads
 
 
 @pytest.fixture()
@@ -52,22 +52,13 @@ def test_concurrent_replays_are_serialised(graph):
     x = np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32)
     captured = graph.capture(x)
     expected = reference_mlp(x, w)
-    errors = []
 
-    def worker():
-        try:
-            for _ in range(200):
-                captured.replay()
-            np.testing.assert_allclose(captured.outputs[0].numpy(), expected, rtol=1e-5, atol=1e-6)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+    def worker(_: int) -> None:
+        for _ in range(200):
+            captured.replay()
+        np.testing.assert_allclose(captured.outputs[0].numpy(), expected, rtol=1e-5, atol=1e-6)
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(worker, 4)
 
 
 def test_cuda_graph_needs_cuda(graph):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import threading
 import weakref
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import planner as bench  # noqa: E402
+from support import run_in_threads  # noqa: E402
 
 THREADS = 8
 RUNS = 200
@@ -51,27 +51,6 @@ def _run(graph, xs: list[np.ndarray]) -> list[np.ndarray]:
     return [t.numpy().copy() for t in graph.run_async([x.copy() for x in xs])]
 
 
-def _in_threads(work, n: int = THREADS) -> None:
-    """Run ``work(i)`` in ``n`` threads released together; re-raise the first failure."""
-    barrier = threading.Barrier(n)
-    errors: list[BaseException] = []
-
-    def target(i: int) -> None:
-        try:
-            barrier.wait()
-            work(i)
-        except BaseException as exc:  # noqa: BLE001 - reported in the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
 def _check(got: list[np.ndarray], want: list[np.ndarray], where: str) -> None:
     assert len(got) == len(want)
     for k, (g, w) in enumerate(zip(got, want)):
@@ -89,7 +68,7 @@ def test_eight_threads_running_one_graph_match_the_serial_results(graphs):
         for r, (_, xs) in enumerate(jobs[i]):
             _check(_run(graph, xs), serial[i][r], f"thread {i} run {r}")
 
-    _in_threads(work)
+    run_in_threads(work, THREADS)
 
 
 def test_two_graphs_interleaved_across_threads_match_the_serial_results(graphs):
@@ -105,7 +84,7 @@ def test_two_graphs_interleaved_across_threads_match_the_serial_results(graphs):
         for r, (g, xs) in enumerate(jobs[i]):
             _check(_run(g, xs), serial[i][r], f"thread {i} run {r}")
 
-    _in_threads(work)
+    run_in_threads(work, THREADS)
 
 
 def test_each_thread_has_its_own_workspaces(graphs):
@@ -120,7 +99,7 @@ def test_each_thread_has_its_own_workspaces(graphs):
         seen[i] = {k: w.addr for k, w in state.workspaces.items()}
         keep.append(state.workspaces)  # keep them alive so that addresses cannot be reused
 
-    _in_threads(work, 4)
+    run_in_threads(work, 4)
     addrs = [a for ws in seen.values() for a in ws.values()]
     assert len(addrs) == 4 and len(set(addrs)) == 4
 
@@ -139,7 +118,7 @@ def test_two_graphs_of_one_bundle_share_no_mutable_state(graphs, registry):
             _check(_run(g, xs), want, f"thread {i}")
         workspaces.append(g._local.state.workspaces["cpu"])
 
-    _in_threads(work, 4)
+    run_in_threads(work, 4)
     assert graph._planner is not twin._planner and graph._plans is not twin._plans
     assert len({w.addr for w in workspaces}) == 4
 
@@ -186,7 +165,7 @@ def test_workspaces_are_released_with_the_thread_and_the_graph(registry):
         _run(graph, xs)
         refs.append(weakref.ref(graph._local.state.workspaces["cpu"].owner))
 
-    _in_threads(work, 2)
+    run_in_threads(work, 2)
     gc.collect()
     assert [r() for r in refs] == [None, None]  # the threads ended: their workspaces went with them
     _run(graph, xs)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
-import threading
 import zipfile
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 import engine
 from engine.build import GraphBuilder
 from engine.demo.mlp import mlp_weights, reference_mlp
+from support import run_in_threads
 
 
 @pytest.fixture
@@ -117,23 +117,14 @@ def test_two_kinds_with_builtin_copies(registry2):
 def test_threads_share_one_graph(mlp_bundle, registry):
     graph = engine.load_compiled_graph(mlp_bundle, registry=registry)
     w = mlp_weights()
-    errors = []
 
     def worker(seed):
         rng = np.random.default_rng(seed)
-        try:
-            for _ in range(30):
-                x = rng.standard_normal((int(rng.integers(1, 9)), 64)).astype(np.float32)
-                np.testing.assert_allclose(graph.run_async([x])[0].numpy(), reference_mlp(x, w), rtol=1e-5, atol=1e-6)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        for _ in range(30):
+            x = rng.standard_normal((int(rng.integers(1, 9)), 64)).astype(np.float32)
+            np.testing.assert_allclose(graph.run_async([x])[0].numpy(), reference_mlp(x, w), rtol=1e-5, atol=1e-6)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(worker, 4)
 
 
 def test_dispatch_policies(mlp_bundle, fresh_registry):

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import attrs
@@ -19,20 +18,13 @@ from engine.build import GraphBuilder
 from engine.plugins import Registry
 from engine.runtime.tuning import CandidateTiming, TuningOptions, select_candidate, tune_instruction
 from engine.settings import Settings
+from support import run_in_threads
 
 # Two candidates with the same result; "heavy" does 8x the passes of "light". heavy is candidate 0,
 # so picking light shows the timing worked (the "first" policy and index tie-breaks favour 0).
-WORK_C = r"""
-#include <stdint.h>
-/* y = x, computed by `passes` rounds of y = y/2 + x/2 (exact in float, not foldable). */
-static void work(const float *x, float *y, int64_t n, int passes) {
-    for (int64_t i = 0; i < n; i++) y[i] = x[i];
-    for (int p = 0; p < passes; p++)
-        for (int64_t i = 0; i < n; i++) y[i] = 0.5f * y[i] + 0.5f * x[i];
-}
-int32_t heavy(void *const *t, const int64_t *sym, void *ws) { work(t[0], t[1], sym[0], 64); return 0; }
-int32_t light(void *const *t, const int64_t *sym, void *ws) { work(t[0], t[1], sym[0], 8); return 0; }
-"""
+# The kernel is the tuning benchmark's, so the test and the benchmark measure the same thing.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tuning import WORK_C  # noqa: E402
 
 # In place (y is x): y = x + 1, the slow way or the fast way. Run twice, it would add 2.
 INC_C = r"""
@@ -275,21 +267,10 @@ def test_tune_over_a_grid_then_no_key_takes_the_slow_path(fresh_registry):
 def test_threads_hitting_one_new_key_tune_it_once(work_bundle, fresh_registry):
     graph = engine.load_compiled_graph(work_bundle, registry=fresh_registry)
     x = np.arange(16384, dtype=np.float32)
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(4)
 
-    def worker() -> None:
-        try:
-            barrier.wait()
-            for _ in range(3):
-                np.testing.assert_array_equal(graph(x).numpy(), x)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+    def worker(_: int) -> None:
+        for _ in range(3):
+            np.testing.assert_array_equal(graph(x).numpy(), x)
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(worker, 4)
     assert graph.tuning_stats().keys == 1 and graph.run_stats().slow_runs == 1
