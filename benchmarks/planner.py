@@ -23,7 +23,11 @@ garbage, planned and run by the engine, compared with numpy.
 The module doubles as the test suite's library of topologies and random DAGs
 (``tests/test_memory_planner.py`` imports it).
 
-Run: ``python benchmarks/planner.py [--quick]`` (results in ``benchmarks/results/planner.json``).
+Part two uses the compiled passes (``engine/runtime/_bestfit.c``) when they were built;
+``--python-passes`` times the numpy/Python passes that an install without a C compiler uses.
+
+Run: ``python benchmarks/planner.py [--quick] [--python-passes]`` (results in
+``benchmarks/results/planner.json``, or ``planner-python-passes.json``).
 """
 
 from __future__ import annotations
@@ -683,7 +687,13 @@ def _mib(n: int) -> str:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer new keys in the timing part")
+    ap.add_argument("--python-passes", action="store_true",
+                    help="plan with the numpy/Python passes, as an install without a C compiler does")
     args = ap.parse_args(argv)
+    from engine.runtime import memory
+    if args.python_passes:
+        memory._native = None
+    passes = "compiled" if memory.native_passes() else "numpy/Python"
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _common as C
 
@@ -759,8 +769,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(C.format_table(["graph", "instr.", "model ms", "first key ms: median / p90",
                           "new bucket ms: median / p90 (keys)", "new key ms: median", "p90", "max", "templated",
                           "ratio mean / max"], timing,
-                         title=f"GraphPlanner.plan for new keys (load average {os.getloadavg()[0]:.2f}); "
-                               "'new key' = its template key was seen before, 'new bucket' = it was not"))
+                         title=f"GraphPlanner.plan for new keys, {passes} passes (load average "
+                               f"{os.getloadavg()[0]:.2f}); 'new key' = its template key was seen before, "
+                               "'new bucket' = it was not"))
 
     # Part three: end to end through a real graph.
     e2e = random_dag(2024, n_ops=60)
@@ -782,7 +793,8 @@ def main(argv: list[str] | None = None) -> dict:
                             for s, m in report.items()}})
     print()
     C.print_summary(summary)
-    path = C.write_results(NAME, quick=args.quick, params={"new_keys": n_keys}, rows=rows, summary=summary,
+    path = C.write_results(NAME + ("-python-passes" if args.python_passes else ""), quick=args.quick,
+                           params={"new_keys": n_keys, "passes": passes}, rows=rows, summary=summary,
                            notes=[f"load average at the end: {os.getloadavg()[0]:.2f}"])
     print(f"\nresults: {path}")
     return {"rows": rows, "summary": summary}

@@ -17,6 +17,11 @@ Grammar (lowest precedence first; operators are left-associative, unary minus bi
 Shapes are evaluated on every run, so an expression is parsed and constant-folded once and then
 compiled into nested closures: evaluation is plain calls and integer operations, and a constant
 expression returns its value without touching the environment.
+
+A planner that needs every size of a graph at once uses :class:`ExprBatch`: the trees are merged
+into one tape on which a subexpression shared by many sizes (``batch * seq``) is computed once, and
+int64 range is checked once at the end; any problem replays the per-expression path, so errors are
+exactly those of :meth:`Expr.evaluate`.
 """
 
 from __future__ import annotations
@@ -27,10 +32,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 import attrs
+import numpy as np
 
 from engine.errors import BundleError
 
-__all__ = ["Env", "Expr", "ExprError", "parse_expr", "evaluate_all"]
+try:  # the compiled tape (``_exprtape.c``); optional, the Python tape gives the same values and errors
+    from engine import _exprtape as _native_tape
+except ImportError:  # pragma: no cover - an install without a C compiler
+    _native_tape = None
+
+__all__ = ["Env", "Expr", "ExprBatch", "ExprError", "parse_expr", "evaluate_all"]
 
 Env = Mapping[str, int]
 
@@ -39,11 +50,21 @@ MAX_DEPTH = 64
 MAX_NODES = 1024
 _MIN, _MAX = -(2**63), 2**63 - 1
 
-_FUNCTIONS: dict[str, Callable[[int, int], int]] = {
-    "ceil_div": lambda a, b: -((-a) // b),
-    "min": min,
-    "max": max,
-}
+
+def _ceil_div(a: int, b: int) -> int:
+    return -((-a) // b)
+
+
+# Two-argument forms: the builtins parse *args and keywords, which costs about 3x a plain call.
+def _min(a: int, b: int) -> int:
+    return a if a <= b else b
+
+
+def _max(a: int, b: int) -> int:
+    return a if a >= b else b
+
+
+_FUNCTIONS: dict[str, Callable[[int, int], int]] = {"ceil_div": _ceil_div, "min": _min, "max": _max}
 _BINARY: dict[str, Callable[[int, int], int]] = {
     "+": operator.add, "-": operator.sub, "*": operator.mul,
     "//": operator.floordiv, "%": operator.mod, **_FUNCTIONS,
@@ -115,7 +136,8 @@ def _compile(node: _Node) -> Callable[[Env], int]:
     """Turn a folded tree into nested closures; only leaves read the environment.
 
     This is the single place where arithmetic semantics live: constant folding at parse time runs
-    the same closures on an empty environment.
+    the same closures on an empty environment, and ExprBatch runs the same ``_BINARY`` functions
+    and replays these closures whenever anything is off.
     """
     if node.op == "int":
         value = node.value
@@ -287,6 +309,7 @@ class Expr:
     symbols: frozenset[str] = attrs.field(eq=False)
     _value: int | None = attrs.field(eq=False, alias="value")
     _run: Callable[[Env], int] = attrs.field(eq=False, alias="run")
+    _root: _Node = attrs.field(eq=False, alias="root")  # the folded tree, for ExprBatch's tape
     _member: str | None = attrs.field(default=None, eq=False, alias="member")
     _path: str | None = attrs.field(default=None, eq=False, alias="path")
 
@@ -328,7 +351,8 @@ def parse_expr(value: str | int, *, member: str | None = None, path: str | None 
     if isinstance(value, int):
         if not _MIN <= value <= _MAX:
             raise BundleError(f"integer {value} does not fit in int64", member=member, path=path)
-        return Expr(str(value), frozenset(), value=value, run=lambda env: value, member=member, path=path)
+        return Expr(str(value), frozenset(), value=value, run=lambda env: value, root=_Node("int", (), value),
+                    member=member, path=path)
     if len(value) > MAX_TEXT_CHARS:
         raise BundleError(f"expression {_quote(value)} is {len(value)} characters long; the limit is "
                           f"{MAX_TEXT_CHARS}", member=member, path=path)
@@ -345,9 +369,186 @@ def parse_expr(value: str | int, *, member: str | None = None, path: str | None 
             symbols.add(node.value)  # type: ignore[arg-type]
         stack.extend(node.args)
     constant = root.value if root.op == "int" else None
-    return Expr(source, frozenset(symbols), value=constant, run=_compile(root), member=member, path=path)
+    return Expr(source, frozenset(symbols), value=constant, run=_compile(root), root=root, member=member,
+                path=path)
 
 
 def evaluate_all(exprs: Sequence[Expr], env: Env) -> tuple[int, ...]:
     """Evaluate several expressions (a shape, a grid) under one environment."""
     return tuple([e.evaluate(env) for e in exprs])
+
+
+_INT_ONLY = frozenset({int})
+#: Opcodes of the compiled tape by operator (``_exprtape.c``).
+_OPCODE = {"+": "ADD", "-": "SUB", "*": "MUL", "//": "FLOORDIV", "%": "MOD", "ceil_div": "CEIL_DIV", "min": "MIN",
+           "max": "MAX"}
+#: Below this many steps the Python tape is as fast as the compiled one's array handling.
+_NATIVE_MIN_STEPS = 24
+_COMMUTATIVE = frozenset({"+", "*", "min", "max"})
+
+
+class ExprBatch:
+    """Many expressions evaluated together, each shared subexpression once.
+
+    Planning a new dispatch key needs every size of a graph, and those sizes overlap heavily
+    (``a * b`` inside ``a * b * 4`` and ``a * b // 2``). Instead of walking each tree and checking
+    each intermediate, the trees are merged into one tape of ``(function, slot, slot)`` steps over a
+    value list seeded with the symbol values and the constants; structurally equal subexpressions
+    (commutative operands in either order) share one slot. Python integers do not wrap, so checking
+    int64 range of every value once after the tape has run is exact. The tape only handles the
+    common, clean case: on anything unusual -- a value that is not a plain int, an intermediate out
+    of range, a division by zero, a symbol missing from ``symbols`` -- evaluation replays
+    ``Expr.evaluate`` per expression, so results and errors are exactly those of that loop.
+
+    Values out of int64 range are not caught on the tape before they are used, but they stay
+    bounded: every slot holds the value of a subtree of one expression, trees are limited to
+    ``MAX_NODES`` nodes and constants to int64, so with int64 inputs no value grows past about
+    32,000 bits before the final check. A hostile bundle can make a failing key cost a few
+    milliseconds more than the loop, which stops at the first overflow; a clean key never pays.
+    """
+
+    __slots__ = ("symbols", "_exprs", "_nsym", "_seed", "_tape", "_out", "_pick", "_complete", "_codes", "_start",
+                 "_out_index")
+
+    symbols: tuple[str, ...]
+
+    def __init__(self, exprs: Sequence[Expr], symbols: Sequence[str]):
+        self.symbols = tuple(symbols)
+        self._exprs = tuple(exprs)
+        self._nsym = len(self.symbols)
+        # Later duplicates win, as in dict(zip(symbols, values)), which is what the fallback uses.
+        sym_slot = {name: i for i, name in enumerate(self.symbols)}
+        # Constants sit between the symbols and the computed values, so they are collected first.
+        constants: dict[int, int] = {}
+        self._complete = True
+        stack = [e._root for e in self._exprs]
+        while stack:
+            node = stack.pop()
+            if node.op == "int":
+                constants.setdefault(node.value, len(constants))  # type: ignore[arg-type]
+            elif node.op == "neg":
+                constants.setdefault(0, len(constants))  # -x runs as 0 - x: same value, one loop shape
+            elif node.op == "sym" and node.value not in sym_slot:
+                self._complete = False  # evaluating it always raises; the fallback names the symbol
+            stack.extend(node.args)
+        self._seed = list(constants)
+        first_step = self._nsym + len(constants)
+        const_slot = {c: self._nsym + k for c, k in constants.items()}
+        tape: list[tuple[Callable[[int, int], int], int, int]] = []
+        step_slot: dict[tuple[str, int, int], int] = {}
+
+        def slot(node: _Node) -> int:
+            op = node.op
+            if op == "int":
+                return const_slot[node.value]  # type: ignore[index]
+            if op == "sym":
+                return sym_slot[node.value]  # type: ignore[index]
+            if op == "neg":
+                key = ("-", const_slot[0], slot(node.args[0]))
+            else:
+                a, b = slot(node.args[0]), slot(node.args[1])
+                key = (op, b, a) if op in _COMMUTATIVE and b < a else (op, a, b)
+            k = step_slot.get(key)
+            if k is None:
+                k = step_slot[key] = first_step + len(tape)
+                tape.append((_BINARY[key[0]], key[1], key[2]))
+                names.append(key[0])
+            return k
+
+        names: list[str] = []
+        self._out = [slot(e._root) for e in self._exprs] if self._complete else []
+        self._tape = tuple(tape)
+        # itemgetter gathers the results in one call, but returns a bare value for a single index.
+        self._pick = operator.itemgetter(*self._out) if len(self._out) > 1 else None
+        # The same tape as int64 arrays for the compiled evaluator: opcodes, operand slots, and the
+        # value array's first slots (symbols as zeros, then the constants) to start each run from.
+        self._codes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        if _native_tape is not None and self._complete:
+            self._codes = (np.array([getattr(_native_tape, _OPCODE[name]) for name in names], np.int64),
+                           np.array([a for _, a, _ in tape], np.int64), np.array([b for _, _, b in tape], np.int64))
+            self._start = np.array([0] * self._nsym + self._seed, np.int64)
+            self._out_index = np.array(self._out, np.int64)
+
+    @property
+    def steps(self) -> int:
+        """Operations the tape runs per evaluation: one per distinct non-leaf subexpression."""
+        return len(self._tape)
+
+    def evaluate(self, values: Sequence[int]) -> list[int]:
+        """Values of all exprs, in order, with symbols[i] = values[i]."""
+        if type(values) is not list and type(values) is not tuple:
+            values = list(values)
+        if self._codes is not None and len(self._tape) >= _NATIVE_MIN_STEPS:
+            result = self._run_native(values)
+            if result is not None:
+                return result.tolist()
+        if {*map(type, values)} <= _INT_ONLY:
+            result = self._run(values)
+        else:
+            result = self._run_converted(values)
+        return self._fallback(values) if result is None else result
+
+    def evaluate_array(self, values: Sequence[int]) -> np.ndarray:
+        """``evaluate`` as an int64 array (a new one per call): what the memory planner computes with."""
+        if type(values) is not list and type(values) is not tuple:
+            values = list(values)
+        if self._codes is not None:
+            result = self._run_native(values)
+            if result is not None:
+                return result
+        return np.array(self.evaluate(values), np.int64)
+
+    def _run_native(self, values: Sequence[int]) -> np.ndarray | None:
+        """The compiled tape on plain ints; None where the Python paths must decide."""
+        if len(values) != self._nsym or not {*map(type, values)} <= _INT_ONLY:
+            return None  # numpy integers, bools, wrong counts: the Python paths handle them exactly
+        start = self._start
+        slots = np.empty(len(start) + len(self._tape), np.int64)
+        slots[:len(start)] = start
+        try:
+            slots[:self._nsym] = values
+        except OverflowError:  # a symbol value outside int64
+            return None
+        ops, left, right = self._codes  # type: ignore[misc]
+        if not _native_tape.run(ops, left, right, slots, len(start)):  # type: ignore[union-attr]
+            return None  # an intermediate outside int64 or a division by zero: the error comes from Python
+        return slots[self._out_index]
+
+    def _run(self, values: Sequence[int]) -> list[int] | None:
+        """The tape on plain ints; None where the per-expression path must decide."""
+        if len(values) != self._nsym or not self._complete:
+            return None
+        v = [*values, *self._seed]
+        push = v.append
+        try:
+            for fn, a, b in self._tape:
+                push(fn(v[a], v[b]))
+        except ZeroDivisionError:
+            return None
+        if v and (max(v) > _MAX or min(v) < _MIN):  # inputs and every intermediate at once
+            return None
+        return list(self._pick(v)) if self._pick is not None else [v[k] for k in self._out]
+
+    def _run_converted(self, values: Sequence[object]) -> list[int] | None:
+        """numpy integers and other ``__index__`` types are read as ``Expr.evaluate`` reads them."""
+        ints: list[int] = []
+        for x in values:
+            if type(x) is not int:
+                if isinstance(x, bool) or not hasattr(x, "__index__"):
+                    return None
+                try:
+                    x = operator.index(x)
+                except Exception:  # whatever an odd __index__ raises, the loop raises it too
+                    return None
+            ints.append(x)  # type: ignore[arg-type]
+        return self._run(ints)
+
+    def _fallback(self, values: Sequence[object]) -> list[int]:
+        env = dict(zip(self.symbols, values))
+        return [e.evaluate(env) for e in self._exprs]  # type: ignore[arg-type]
+
+    def __reduce__(self) -> tuple[type[ExprBatch], tuple[tuple[Expr, ...], tuple[str, ...]]]:
+        return ExprBatch, (self._exprs, self.symbols)  # the tape holds functions; rebuild it
+
+    def __repr__(self) -> str:
+        return f"ExprBatch({len(self._exprs)} exprs over {self._nsym} symbols, {self.steps} steps)"

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from engine import expr as expr_module
 from engine.errors import BundleError
-from engine.expr import Expr, ExprError, evaluate_all, parse_expr
+from engine.expr import Expr, ExprBatch, ExprError, evaluate_all, parse_expr
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 
@@ -26,7 +28,7 @@ def value(text: str | int, **env: int) -> int:
 
 
 def test_public_names():
-    assert set(expr_module.__all__) == {"Env", "Expr", "ExprError", "parse_expr", "evaluate_all"}
+    assert set(expr_module.__all__) == {"Env", "Expr", "ExprBatch", "ExprError", "parse_expr", "evaluate_all"}
     assert issubclass(ExprError, BundleError) and issubclass(ExprError, ValueError)
 
 
@@ -467,3 +469,212 @@ def test_canonical_parentheses_are_minimal(tree):
             assert parse_expr(stripped) != e, f"redundant parentheses in {e.source!r}"
         except BundleError:
             pass
+
+
+# --- ExprBatch: the same answers and errors as the per-expression loop ----------------------------
+
+
+def loop_outcome(exprs, symbols, values):
+    """What ``[e.evaluate(env) for e in exprs]`` gives: ("ok", values) or ("error", message, where)."""
+    env = dict(zip(symbols, values))
+    try:
+        return ("ok", [e.evaluate(env) for e in exprs])
+    except ExprError as err:
+        return ("error", str(err), (err.member, err.path))
+
+
+def batch_outcome(exprs, symbols, values):
+    """The batch's outcome, the same through ``evaluate``, ``evaluate_array`` and the Python tape
+    (without the compiled one: what an install without a C compiler runs)."""
+    outcomes = []
+    for how in ("evaluate", "evaluate_array", "python tape"):
+        batch = ExprBatch(exprs, symbols)
+        if how == "python tape":
+            batch._codes = None
+        try:
+            if how == "evaluate_array":
+                array = batch.evaluate_array(values)
+                assert array.dtype == np.int64
+                result = array.tolist()
+            else:
+                result = batch.evaluate(values)
+        except ExprError as err:
+            outcomes.append(("error", str(err), (err.member, err.path)))
+            continue
+        assert type(result) is list and all(type(v) is int for v in result)
+        outcomes.append(("ok", result))
+    assert outcomes[0] == outcomes[1] == outcomes[2], outcomes
+    return outcomes[0]
+
+
+def assert_like_loop(exprs, symbols, values):
+    expected = loop_outcome(exprs, symbols, values)
+    assert batch_outcome(exprs, symbols, values) == expected
+    return expected
+
+
+@st.composite
+def batches(draw):
+    """Random trees plus combinations of them, so that subtrees are shared across the batch."""
+    base = draw(st.lists(trees, min_size=1, max_size=4))
+    combined = [
+        (op, base[i], base[j]) if op != "neg" else ("neg", base[i])
+        for op, i, j in draw(st.lists(st.tuples(st.sampled_from(["neg"] + BINARY + FUNCS),
+                                                st.integers(0, len(base) - 1),
+                                                st.integers(0, len(base) - 1)), max_size=6))
+    ]
+    exprs = []
+    for k, tree in enumerate(base + combined):
+        if height(tree) > 25:
+            continue
+        try:
+            exprs.append(parse_expr(render(tree), member="graph.json", path=f"sizes[{k}]"))
+        except BundleError:
+            pass  # a constant subtree failed at parse time; nothing to evaluate
+    return draw(st.permutations(exprs))
+
+
+@settings(max_examples=500, deadline=None)
+@given(batches(), st.permutations(SYMBOLS), st.integers(0, 9), st.data())
+def test_batch_matches_the_per_expression_loop(exprs, symbols, drop, data):
+    if drop == 0:
+        symbols = symbols[:-1]  # now and then a symbol is unbound
+    values = data.draw(st.lists(env_values, min_size=len(symbols), max_size=len(symbols)))
+    assert_like_loop(exprs, symbols, values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches(), st.sampled_from([0, 1, -1, 2, I64_MAX, I64_MIN, 2**31, 2**32 + 1, -(2**62)]))
+def test_batch_matches_the_loop_at_edge_values(exprs, edge):
+    for values in ([edge] * 4, [edge, 1, 0, -1], [3, edge, edge, 7]):
+        assert_like_loop(exprs, SYMBOLS, values)
+
+
+def test_batch_basic_and_shared_subexpressions():
+    texts = ["a * b", "a * b * 4", "(a * b) // 2", "b * a + 1", "-(a * b)", "-(a * b) * 2"]
+    exprs = [parse_expr(t) for t in texts]
+    batch = ExprBatch(exprs, ["a", "b"])
+    assert batch.symbols == ("a", "b")
+    assert batch.evaluate([3, 5]) == [15, 60, 7, 16, -15, -30]
+    nodes = sum(1 for t in texts for node in re.findall(r"\*|//|\+|-", t))
+    assert nodes == 12
+    # a * b once (b * a is the same product), then one step for each thing built on it.
+    assert batch.steps == 6 < nodes
+    assert "6 steps" in repr(batch)
+
+
+def test_batch_duplicates_and_input_kinds():
+    e = parse_expr("ceil_div(n, 128) * m")
+    batch = ExprBatch([e, e, parse_expr("ceil_div(n,128)*m"), parse_expr("m")], ("n", "m"))
+    assert batch.steps == 2
+    assert batch.evaluate([1000, 3]) == [24, 24, 24, 3]
+    assert batch.evaluate((1000, 3)) == [24, 24, 24, 3]
+    assert batch.evaluate(iter([1000, 3])) == [24, 24, 24, 3]  # type: ignore[arg-type]
+
+
+def test_batch_constants_and_empty():
+    consts = [parse_expr(5), parse_expr("2 * 3"), parse_expr(-7), parse_expr(I64_MIN), parse_expr(0)]
+    assert ExprBatch(consts, []).evaluate([]) == [5, 6, -7, I64_MIN, 0]
+    assert ExprBatch(consts, []).steps == 0
+    assert ExprBatch(consts + [parse_expr("a + 5")], ["a"]).evaluate([1]) == [5, 6, -7, I64_MIN, 0, 6]
+    assert ExprBatch([], []).evaluate([]) == []
+    assert ExprBatch([], ["a", "b"]).evaluate([1, 2]) == []
+    assert ExprBatch([parse_expr("a")], ["a"]).evaluate([I64_MIN]) == [I64_MIN]  # one output
+    assert ExprBatch([parse_expr(9)], ["a"]).evaluate([]) == [9]  # constants read nothing
+
+
+def test_batch_unbound_symbol():
+    exprs = [parse_expr("a * 2"), parse_expr("a * b", member="graph.json", path="sizes[1]")]
+    kind, message, where = assert_like_loop(exprs, ["a"], [3])
+    assert kind == "error" and "'b' is not bound" in message and where == ("graph.json", "sizes[1]")
+    assert assert_like_loop(exprs, ["a", "b"], [3])[0] == "error"  # fewer values than symbols
+    assert assert_like_loop(exprs, ["a", "b"], [3, 4, 5]) == ("ok", [6, 12])  # extras ignored, as zip does
+    assert assert_like_loop(exprs, ["b", "a", "b"], [1, 3, 4]) == ("ok", [6, 12])  # later duplicate wins
+
+
+@pytest.mark.parametrize("bad", [True, False, 1.0, 2.5, "3", None, 2**63, I64_MIN - 1, 10**40])
+def test_batch_bad_values(bad):
+    exprs = [parse_expr("a + 1"), parse_expr("n * 2", member="m", path="p")]
+    kind, message, where = assert_like_loop(exprs, ["a", "n"], [1, bad])
+    assert kind == "error" and "'n'" in message and where == ("m", "p")
+    # A bad value for a symbol that no expression reads is not an error, in either.
+    assert assert_like_loop(exprs[:1], ["a", "n"], [1, bad]) == ("ok", [2])
+
+
+def test_batch_numpy_integers():
+    np = pytest.importorskip("numpy")
+    exprs = [parse_expr("n * 2"), parse_expr("ceil_div(n, m) * m"), parse_expr("-m")]
+    for values in ([np.int64(21), np.int32(-4)], np.array([21, 4], np.int64), [21, np.uint8(4)]):
+        assert assert_like_loop(exprs, ["n", "m"], values)[0] == "ok"
+    assert ExprBatch(exprs, ["n", "m"]).evaluate([np.int64(21), np.int64(4)]) == [42, 24, -4]
+    kind, message, _ = assert_like_loop(exprs, ["n", "m"], [np.uint64(2**64 - 1), 1])
+    assert kind == "error" and "does not fit in int64" in message
+    assert assert_like_loop(exprs, ["n", "m"], [np.float64(2.0), 1])[0] == "error"
+    assert assert_like_loop(exprs, ["n", "m"], [np.bool_(True), 1])[0] == "error"
+
+
+@pytest.mark.parametrize("texts, values", [
+    (["a // b"], [5, 0]),
+    (["a % b"], [5, 0]),
+    (["ceil_div(a, b)"], [5, 0]),
+    (["a + 1", "a // (b - b)", "a * 2"], [5, 3]),  # a zero made of symbols, in the middle
+    (["a // b", "a // (b * 2)"], [5, 0]),
+])
+def test_batch_division_by_zero(texts, values):
+    exprs = [parse_expr(t) for t in texts]
+    kind, message, _ = assert_like_loop(exprs, ["a", "b"], values)
+    assert kind == "error" and "division by zero" in message
+
+
+@pytest.mark.parametrize("texts, values", [
+    (["a * b // b"], [2**62, 4]),                 # 2**64 on the way, 2**62 at the end
+    (["a + a - a"], [2**62, 0]),
+    (["a - 1 + 1"], [I64_MIN, 0]),
+    (["min(a * b, 1)"], [2**40, 2**40]),
+    (["-a % 7"], [I64_MIN, 0]),
+    (["a // -1"], [I64_MIN, 0]),
+    (["ceil_div(a, -1)"], [I64_MIN, 0]),
+    (["b", "a * a * a // (a * a)", "a"], [2**22, 1]),  # the error is the second expression's
+])
+def test_batch_intermediate_overflow_raises_like_the_loop(texts, values):
+    exprs = [parse_expr(t) for t in texts]
+    kind, message, _ = assert_like_loop(exprs, ["a", "b"], values)
+    assert kind == "error" and "int64 overflow" in message
+
+
+def test_batch_extremes_that_fit():
+    exprs = [parse_expr(t) for t in ["ceil_div(a, 2)", "a % -1", "a + 1 - 1", "min(a, b)", "max(a, b)",
+                                     "-b", "b * -1", "a // b", "ceil_div(a, b)"]]
+    assert assert_like_loop(exprs, ["a", "b"], [I64_MIN, I64_MAX]) == (
+        "ok", [-(2**62), 0, I64_MIN, I64_MIN, I64_MAX, -I64_MAX, -I64_MAX, -2, -1])
+
+
+def test_batch_pickles():
+    batch = ExprBatch([parse_expr("a * b + 1"), parse_expr(3)], ["a", "b"])
+    again = pickle.loads(pickle.dumps(batch))
+    assert again.symbols == ("a", "b") and again.steps == batch.steps == 2
+    assert again.evaluate([2, 3]) == [7, 3]
+
+
+def test_the_compiled_tape_is_built_and_used():
+    """``./scripts/test`` sets ENGINE_REQUIRE_NATIVE=1: there the compiled tape must exist."""
+    from engine import expr
+
+    if expr._native_tape is None:
+        if os.environ.get("ENGINE_REQUIRE_NATIVE") == "1":
+            pytest.fail("engine._exprtape was not built (ENGINE_REQUIRE_NATIVE=1)")
+        pytest.skip("engine._exprtape was not built (no C compiler at install)")
+    texts = [f"a * {k} + b // {k + 1} - ceil_div(a, {k + 2}) % (b + {k})" for k in range(10)]
+    batch = ExprBatch([parse_expr(t) for t in texts], ["a", "b"])
+    assert batch._codes is not None and batch.steps >= 24
+    want = [a * k + b // (k + 1) - -(-a // (k + 2)) % (b + k) for a, b in [(1000, 7)] for k in range(10)]
+    assert batch.evaluate([1000, 7]) == want == batch.evaluate_array([1000, 7]).tolist()
+    with pytest.raises(ValueError, match="tape step 0 is malformed"):
+        expr._native_tape.run(np.array([99], np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64),
+                              np.zeros(2, np.int64), 1)
+    with pytest.raises(ValueError, match="tape step 0 is malformed"):  # an operand from a later slot
+        expr._native_tape.run(np.array([0], np.int64), np.array([1], np.int64), np.zeros(1, np.int64),
+                              np.zeros(2, np.int64), 1)
+    with pytest.raises(ValueError, match="not first \\+ steps long"):
+        expr._native_tape.run(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64),
+                              np.zeros(5, np.int64), 1)

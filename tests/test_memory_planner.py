@@ -72,19 +72,20 @@ def check_key_plan(contents, plan: KeyPlan, alignment: dict[str, int]) -> None:
         places = {plan.placements[m] for m in members}
         assert len(places) == 1, f"tensors {members} share storage but are placed at {places}"
         (p,) = places
-        assert p.kind == ex.tensor_device[r]
+        where, index, kind = p
+        assert kind == ex.tensor_device[r]
         if r < n_in:
             assert p == (INPUT, r, ex.tensor_device[r])
         elif r < n_in + n_w:
             assert p == (WEIGHT, r - n_in, ex.tensor_device[r])
         elif outputs & set(members):
-            assert p.where == OUTPUT
-            assert plan.output_slots[p.index].nbytes >= max(plan.nbytes[m] for m in members)
+            assert where == OUTPUT
+            assert plan.output_slots[index].nbytes >= max(plan.nbytes[m] for m in members)
         else:
-            assert p.where == WORKSPACE, f"intermediate group {members} is not in the workspace: {p}"
+            assert where == WORKSPACE, f"intermediate group {members} is not in the workspace: {p}"
             size = plan.nbytes[r]
             assert all(plan.nbytes[m] == size for m in members)
-            spans.append((p.kind, *ranges[r], p.index, size, f"tensors {members}"))
+            spans.append((kind, *ranges[r], index, size, f"tensors {members}"))
     for t, shape in enumerate(plan.shapes):
         assert plan.nbytes[t] == ex.tensor_signatures[t].dtype.nbytes * int(np.prod(shape, dtype=np.int64))
     for pos, ins in enumerate(ex.instructions):

@@ -90,9 +90,9 @@ def test_each_kind_plans_into_its_own_slot(registry2):
         plan = graph._key_plan((n,))
         check_key_plan(graph._contents, plan, {"cpu": 64, "hostdev": 64})
         ex = graph.graph_execution
-        for t, p in enumerate(plan.placements):
-            if p.where == WORKSPACE:
-                assert p.kind == ex.tensor_device[t]
+        for t, (where, _, kind) in enumerate(plan.placements):
+            if where == WORKSPACE:
+                assert kind == ex.tensor_device[t]
         assert set(plan.workspace_bytes) == {"cpu", "hostdev"}
         assert plan.scratch[0][0] == "cpu" and plan.scratch[2][0] == "hostdev" and plan.scratch[3][0] == "hostdev"
     # one workspace per kind, allocated by that kind's backend, in the running thread
@@ -126,7 +126,7 @@ def test_a_kind_declares_its_own_alignment(registry256):
         run_and_compare(graph, spec, {"n": n}, rng)
         plan = graph._key_plan((n,))
         check_key_plan(graph._contents, plan, {"cpu": 64, "hostdev256": 256})
-        offsets = [p.index for p in plan.placements if p.where == WORKSPACE and p.kind == "hostdev256"]
+        offsets = [index for where, index, kind in plan.placements if where == WORKSPACE and kind == "hostdev256"]
         offsets += [s[1] for s in plan.scratch if s is not None and s[0] == "hostdev256"]
         assert offsets and all(o % 256 == 0 for o in offsets)
         assert any(o % 256 for o in (plan.nbytes[t] for t in range(len(plan.nbytes))))  # sizes are not

@@ -114,7 +114,7 @@ def capture_graph(graph: "CompiledGraph", example_inputs: Sequence[Any]) -> Capt
 
     replay: Callable[[], None] = run.launch
     method = "native launches"
-    kinds = {p.kind for p in plan.placements} | {t.meta.device for t in graph._tasks}
+    kinds = set(plan.layout.kind) | {t.meta.device for t in graph._tasks}
     if len(kinds) == 1:
         (kind,) = kinds
         try:

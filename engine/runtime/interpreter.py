@@ -76,11 +76,11 @@ def interpret(
     """Run every instruction; fill ``choices`` (``None`` = tune now). Returns what tuning measured."""
     ex = contents.execution
     addr = resolve_static_addresses(plan, weights, workspaces)
-    for t, p in enumerate(plan.placements):
-        if p.where == INPUT:
-            addr[t] = input_addrs[p.index]
-        elif p.where == OUTPUT:
-            addr[t] = out_storages[p.index].addr
+    for t, (where, index) in enumerate(zip(plan.layout.where, plan.layout.index)):
+        if where == INPUT:
+            addr[t] = input_addrs[index]
+        elif where == OUTPUT:
+            addr[t] = out_storages[index].addr
     timings = []
     clock = time.perf_counter_ns
     for pos, ins in enumerate(ex.instructions):

@@ -51,13 +51,20 @@ peak with the key's lower bound and fall back to ``plan_array`` when it is not g
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import Sequence
 
 import attrs
 import numpy as np
 
+try:  # the compiled passes (``_bestfit.c``); optional, the numpy and Python passes give the same plans
+    from engine.runtime import _bestfit as _native
+except ImportError:  # pragma: no cover - an install without a C compiler
+    _native = None
+
 __all__ = ["Block", "MemoryPlan", "plan_offsets", "lower_bound", "align_up", "best_fit", "plan_blocks",
-           "plan_array", "live_peak", "ReplayTemplate", "Interference", "fit", "tie_ranks"]
+           "plan_array", "live_peak", "total_bytes", "by_area", "ReplayTemplate", "Interference", "fit", "tie_ranks",
+           "native_passes"]
 
 # Positions per bucket of the overlap index. Most intermediates live for a few instructions, so a
 # query reads one or two buckets; 8 measured fastest on the 1,000-instruction benchmark plans.
@@ -67,6 +74,11 @@ REFINE_ROUNDS = 8
 _INF = np.iinfo(np.int64).max
 #: ``fit`` works in int64 with headroom above every offset; larger totals use the Python pass.
 _FIT_LIMIT = 2**62
+
+
+def native_passes() -> bool:
+    """Whether the compiled passes (``engine.runtime._bestfit``) were built and are in use."""
+    return _native is not None
 
 
 @attrs.frozen
@@ -108,10 +120,37 @@ def lower_bound(blocks: Sequence[Block], alignment: int = 1) -> int:
                      np.array([align_up(b.nbytes, alignment) for b in blocks], np.int64))
 
 
+def total_bytes(sizes: np.ndarray) -> int:
+    """The exact sum of an int64 array (as a Python int): in int64 where that cannot wrap."""
+    n = len(sizes)
+    if n == 0:
+        return 0
+    if 0 <= int(sizes.min()) and int(sizes.max()) <= (2**63 - 1) // n:
+        return int(sizes.sum())
+    return sum(sizes.tolist())
+
+
+def _i64(values: np.ndarray) -> np.ndarray:
+    """The array as the compiled passes take it (no copy when it already is one)."""
+    return np.ascontiguousarray(values, np.int64)
+
+
 def live_peak(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray) -> int:
     """The lower bound from int64 arrays: the largest sum of ``sizes`` over blocks live at one position."""
     if len(sizes) == 0:
         return 0
+    native = _native
+    if native is not None:
+        try:
+            return native.live_peak(_i64(starts), _i64(ends), _i64(sizes))
+        except native.SizeError:
+            pass  # negative sizes or a total over 2**62: below
+    if total_bytes(np.abs(sizes)) > _FIT_LIMIT:  # the int64 running sum could wrap: Python ints
+        delta = [0] * (int(ends.max()) + 2)
+        for s, e, z in zip(starts.tolist(), ends.tolist(), sizes.tolist()):
+            delta[s] += z
+            delta[e + 1] -= z
+        return max(itertools.accumulate(delta))
     delta = np.zeros(int(ends.max()) + 2, np.int64)
     np.add.at(delta, starts, sizes)
     np.add.at(delta, ends + 1, -sizes)
@@ -149,8 +188,32 @@ def plan_array(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, bound: i
         return np.zeros(0, np.int64), 0
     if ties is None:
         ties = tie_ranks(starts, ends, sizes)
-    first_a = np.lexsort((ties, -sizes))
-    if sum(sizes.tolist()) <= _FIT_LIMIT:
+    # Largest first, equal sizes by tie rank: a stable sort by size of the blocks in tie order (one
+    # sort where np.lexsort((ties, -sizes)) makes two; ``ties`` ranks 0..n-1 once each).
+    by_tie = np.empty(n, np.int64)
+    by_tie[ties] = np.arange(n)
+    first_a = by_tie[np.argsort(-sizes[by_tie], kind="stable")]
+    native = _native
+    if native is not None:
+        if graph is None:
+            graph = Interference(starts, ends)
+        sizes = _i64(sizes)
+        best = np.empty(n, np.int64)
+        # Peaks the compiled passes make stay within 2**62, so clamping the target changes nothing.
+        clamped = max(min(target, _FIT_LIMIT), -1)
+        try:
+            best_peak = native.plan(graph.indptr, graph.indices, sizes, first_a, best, rounds, clamped)
+        except native.SizeError:
+            pass  # negative sizes or a total over 2**62: the Python passes below
+        else:
+            if best_peak > target:
+                other = np.empty(n, np.int64)
+                peak = native.plan(graph.indptr, graph.indices, sizes, by_area(starts, ends, sizes), other, rounds,
+                                   clamped)
+                if peak < best_peak:
+                    return other, peak
+            return best, best_peak
+    if total_bytes(sizes) <= _FIT_LIMIT:
         best, best_peak = fit(sizes, first_a, graph if graph is not None else Interference(starts, ends))
         if best_peak <= target:
             return best, best_peak
@@ -161,8 +224,8 @@ def plan_array(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, bound: i
             return np.array(best_offsets, np.int64), best_peak
     first = first_a.tolist()
     starts_l, ends_l, sizes_l = starts.tolist(), ends.tolist(), sizes.tolist()
-    by_area = sorted(range(n), key=lambda i: (-sizes_l[i] * (ends_l[i] - starts_l[i] + 1), starts_l[i], i))
-    starts_from: list[tuple[list[int], list[int] | None, int]] = [(first, best_offsets, best_peak), (by_area, None, 0)]
+    starts_from: list[tuple[list[int], list[int] | None, int]] = [
+        (first, best_offsets, best_peak), (by_area(starts, ends, sizes).tolist(), None, 0)]
     for order, offsets, peak in starts_from:
         for _ in range(rounds - (offsets is not None)):
             if offsets is not None:
@@ -176,6 +239,17 @@ def plan_array(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, bound: i
                 if peak <= target:
                     return np.array(best_offsets, np.int64), best_peak
     return np.array(best_offsets, np.int64), best_peak
+
+
+def by_area(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The second starting order of refinement: by size x lifetime (largest first), then start,
+    then index."""
+    n = len(sizes)
+    lengths = ends - starts + 1
+    if n and int(sizes.max()) * int(lengths.max()) >= 2**63:  # int64 areas would wrap: Python ints
+        s, e, z = starts.tolist(), ends.tolist(), sizes.tolist()
+        return np.array(sorted(range(n), key=lambda i: (-z[i] * (e[i] - s[i] + 1), s[i], i)), np.int64)
+    return np.lexsort((np.arange(n), starts, -(sizes * lengths)))
 
 
 def tie_ranks(starts: np.ndarray, ends: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -228,10 +302,12 @@ class Interference:
 
     ``a``, ``b``: every interfering pair once; ``nbr``: row ``i`` lists the blocks interfering with
     ``i``, padded with ``n`` (a sentinel) to one more column than the longest row; ``width[i]``:
-    the columns row ``i`` needs (its neighbours and one pad).
+    the columns row ``i`` needs (its neighbours and one pad); ``indptr``, ``indices``: the same rows
+    as CSR (the neighbours of ``i`` are ``indices[indptr[i]:indptr[i + 1]]``), for the compiled
+    passes.
     """
 
-    __slots__ = ("n", "a", "b", "nbr", "width")
+    __slots__ = ("n", "a", "b", "nbr", "width", "indptr", "indices")
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray):
         starts = np.asarray(starts, np.int64)
@@ -247,6 +323,8 @@ class Interference:
         self.nbr = np.full((n, int(degree.max(initial=0)) + 1), n, np.int64)
         self.nbr[src, np.arange(len(src)) - (np.cumsum(degree) - degree)[src]] = dst
         self.width = degree + 1
+        self.indptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
+        self.indices = np.ascontiguousarray(dst, np.int64)
 
 
 def fit(sizes: np.ndarray, order: np.ndarray, graph: Interference) -> tuple[np.ndarray, int]:
@@ -387,30 +465,43 @@ def interfering_pairs(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray,
 class ReplayTemplate:
     """The stacking order of a finished plan, replayable with other sizes (see the module docstring).
 
-    Replay sets each block's offset to the highest top among the blocks directly below it, level by
-    level: level 0 holds the blocks with nothing below them, level k those whose highest lower
-    neighbour is on level k-1. Each level is one gather, one ``maximum.reduceat`` and two scatters.
+    Replay sets each block's offset to the highest top among the blocks directly below it. The
+    compiled pass walks the blocks in template-offset order (sorted once per template), which puts
+    every block after all the blocks below it. The numpy pass goes level by level instead: level 0 holds the blocks with
+    nothing below them, level k those whose highest lower neighbour is on level k-1, and each level
+    is one gather, one ``maximum.reduceat`` and two scatters. Levels are recorded on the first
+    numpy replay (never, when the compiled pass serves every replay).
     """
 
-    __slots__ = ("n", "levels")
+    __slots__ = ("n", "_graph", "_offsets", "_by_offset", "_levels", "_native")
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
                  graph: Interference | None = None):
         """``offsets`` must be a valid plan of ``sizes`` (all positive) over the ranges; ``graph``: the
         blocks' ``Interference`` if the caller has it."""
-        n = len(offsets)
-        self.n = n
-        if graph is None:
-            graph = Interference(starts, ends)
-        a, b, nbr = graph.a, graph.b, graph.nbr
+        self.n = len(offsets)
+        self._graph = graph if graph is not None else Interference(starts, ends)
+        self._offsets = np.ascontiguousarray(offsets, np.int64)
+        self._by_offset = np.argsort(self._offsets, kind="stable")
+        self._levels: tuple | None = None
+        self._native = _native
+
+    @property
+    def levels(self) -> tuple:
+        """Per level above the ground: (its blocks, their lower neighbours, where each block's start)."""
+        if self._levels is None:
+            self._levels = self._record_levels()
+        return self._levels
+
+    def _record_levels(self) -> tuple:
         # Levels by rounds (Kahn): a round takes the blocks whose lower neighbours all have a level;
         # each one's lower neighbours are read from its row of the neighbour matrix.
+        n, offsets, graph = self.n, self._offsets, self._graph
         if n == 0:
-            self.levels = ()
-            return
+            return ()
+        a, b, nbr, width = graph.a, graph.b, graph.nbr, graph.width
         offset = np.append(offsets, _INF)  # the pad counts as above everything, and is dropped
         pending = np.bincount(np.where(offsets[a] < offsets[b], b, a), minlength=n)  # lower neighbours
-        width = graph.width
         levels = []
         ready = np.flatnonzero(pending == 0)  # level 0: nothing below
         ground = True
@@ -427,7 +518,7 @@ class ReplayTemplate:
             ready = np.flatnonzero(pending == 0)
             if not ready.size:
                 break
-        self.levels = tuple(levels)
+        return tuple(levels)
 
     @classmethod
     def from_blocks(cls, starts: Sequence[int], ends: Sequence[int],
@@ -448,6 +539,16 @@ class ReplayTemplate:
         """Offsets (int64 array) and peak for ``sizes`` (aligned, an int64 array of ``n`` blocks)."""
         if self.n == 0:
             return np.zeros(0, np.int64), 0
+        native = self._native
+        if native is not None:
+            offsets = np.empty(self.n, np.int64)
+            try:
+                peak = native.replay(self._graph.indptr, self._graph.indices, _i64(sizes), self._offsets,
+                                     self._by_offset, offsets)
+            except native.SizeError:
+                pass  # negative sizes or a total over 2**62: level by level below
+            else:
+                return offsets, peak
         offsets = np.zeros(self.n, np.int64)
         tops = sizes.copy()
         for nodes, src, seg in self.levels:

@@ -20,12 +20,10 @@ needs are worked out once per graph (``docs/memory.md`` has the figures; issue 3
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 import threading
-from itertools import repeat
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -33,10 +31,10 @@ import numpy as np
 from engine.bundle.contents import BundleContents
 from engine.bundle.validate import ROLE_INPUT, ROLE_WEIGHT
 from engine.errors import EngineError, InputError
-from engine.expr import Expr
-from engine.runtime.memory import Interference, ReplayTemplate, live_peak, plan_array, tie_ranks
+from engine.expr import Expr, ExprBatch, parse_expr
+from engine.runtime.memory import Interference, ReplayTemplate, live_peak, plan_array, tie_ranks, total_bytes
 
-__all__ = ["Placement", "KeyPlan", "OutputSlot", "GraphPlanner", "build_key_plan", "INPUT", "WEIGHT", "OUTPUT",
+__all__ = ["Placement", "PlanLayout", "KeyPlan", "OutputSlot", "GraphPlanner", "build_key_plan", "INPUT", "WEIGHT", "OUTPUT",
            "WORKSPACE", "REPLAY_SLACK_PERCENT", "template_key"]
 
 INPUT, WEIGHT, OUTPUT, WORKSPACE = 0, 1, 2, 3
@@ -72,20 +70,9 @@ def template_key(key: tuple[int, ...], *, other: bool = False) -> tuple[int, ...
     return tuple(out)
 
 
-class Placement(NamedTuple):
-    """Where a tensor's bytes are: ``where`` is INPUT/WEIGHT/OUTPUT (``index`` = which one) or
-    WORKSPACE (``index`` = byte offset in the workspace of kind ``kind``).
-
-    A named tuple rather than an attrs class: a plan makes one per distinct workspace offset, and
-    building them through ``tuple.__new__`` costs a third of an attrs ``__init__`` (issue 3 budget).
-    """
-
-    where: int
-    index: int
-    kind: str
-
-
-_make_placement = functools.partial(tuple.__new__, Placement)
+#: Where a tensor's bytes are: ``(where, index, kind)`` with ``where`` INPUT/WEIGHT/OUTPUT (``index`` =
+#: which one) or WORKSPACE (``index`` = byte offset in the workspace of kind ``kind``).
+Placement = tuple[int, int, str]
 
 
 @attrs.frozen
@@ -97,18 +84,57 @@ class OutputSlot:
 
 
 @attrs.frozen
+class PlanLayout:
+    """Where each tensor and each kernel's scratch lives, the same at every key of a graph: a key plan
+    adds only byte offsets (``KeyPlan.tensor_offsets``, ``KeyPlan.scratch_offsets``).
+
+    Keeping the per-tensor facts here, once per graph, is what lets a new key be planned without
+    building a Python object per tensor (issue 3: 1 ms per key for 1,000 instructions); consumers
+    compute addresses with numpy (``prepared.resolve_static_addresses``).
+    """
+
+    #: Per tensor: INPUT, WEIGHT, OUTPUT or WORKSPACE.
+    where: tuple[int, ...]
+    #: Per tensor: which input, weight or output slot (-1 for WORKSPACE tensors).
+    index: tuple[int, ...]
+    #: Per tensor: the device kind of its storage.
+    kind: tuple[str, ...]
+    #: Per instruction: the kind whose workspace holds the kernel's scratch (None: it never has any).
+    scratch_kind: tuple[str | None, ...]
+    # Derived from the above (so left out of comparisons), as arrays for vectorised addressing.
+    #: Per workspace kind: the tensors in its workspace (int64 array).
+    workspace_tensors: Mapping[str, np.ndarray] = attrs.field(eq=False)
+    #: The tensors that are weights, and which weight each is (int64 arrays).
+    weight_tensors: np.ndarray = attrs.field(eq=False)
+    weight_numbers: np.ndarray = attrs.field(eq=False)
+
+
+def _array_eq(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool((a == b).all())
+
+
+def _frozen_array(values: np.ndarray) -> np.ndarray:
+    values.flags.writeable = False  # a plan is shared by every thread
+    return values
+
+
+@attrs.frozen
 class KeyPlan:
     key: tuple[int, ...]
     env: Mapping[str, int]
     shapes: tuple[tuple[int, ...], ...]
     nbytes: tuple[int, ...]
-    placements: tuple[Placement, ...]
+    layout: PlanLayout
+    #: Per tensor: byte offset in its kind's workspace (WORKSPACE tensors; 0 for the others). int64, read-only.
+    tensor_offsets: np.ndarray = attrs.field(eq=attrs.cmp_using(eq=_array_eq), hash=False)
     output_slots: tuple[OutputSlot, ...]
     #: Per graph output: ("slot", output slot index) or ("input", graph input index) for share_map,
     #: or ("copy", output slot index) when an input is returned as an output without share_map.
     outputs: tuple[tuple[str, int], ...]
-    #: Per instruction: (kind, workspace offset, nbytes) of the kernel's scratch, or None.
-    scratch: tuple[tuple[str, int, int] | None, ...]
+    #: Per instruction: the byte offset of the kernel's scratch in the workspace of
+    #: ``layout.scratch_kind[pos]``, and its size (0: no scratch at this key, the kernel gets NULL).
+    scratch_offsets: np.ndarray = attrs.field(eq=attrs.cmp_using(eq=_array_eq), hash=False)
+    scratch_nbytes: np.ndarray = attrs.field(eq=attrs.cmp_using(eq=_array_eq), hash=False)
     #: Per instruction: values of the kernel's symbols, in the kernel's order.
     kernel_symbols: tuple[tuple[int, ...], ...]
     workspace_bytes: Mapping[str, int]
@@ -117,6 +143,19 @@ class KeyPlan:
     #: Per kind, how its offsets were found: "replay" (of the template key's plan), "template" (the key
     #: is its own template key: that plan) or "best-fit".
     planned_by: Mapping[str, str] = attrs.field(factory=dict)
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """Per tensor, where its bytes are (for inspection; runs use ``layout`` and the offsets)."""
+        layout = self.layout
+        return tuple((w, off if w == WORKSPACE else i, k)
+                     for w, i, k, off in zip(layout.where, layout.index, layout.kind, self.tensor_offsets.tolist()))
+
+    @property
+    def scratch(self) -> tuple[tuple[str, int, int] | None, ...]:
+        """Per instruction, ``(kind, offset, nbytes)`` of the kernel's scratch, or None (for inspection)."""
+        return tuple(None if n == 0 else (k, off, n) for k, off, n in
+                     zip(self.layout.scratch_kind, self.scratch_offsets.tolist(), self.scratch_nbytes.tolist()))
 
 
 def build_key_plan(contents: BundleContents, key: tuple[int, ...], alignment: Mapping[str, int]) -> KeyPlan:
@@ -138,7 +177,7 @@ class _KindBlocks:
     """The workspace blocks of one kind: intermediate tensor groups first, then kernel scratch."""
 
     __slots__ = ("kind", "alignment", "starts", "ends", "starts_list", "ends_list", "size_src", "n_tensors",
-                 "scratch_pos", "templates", "graph", "ties")
+                 "scratch_pos", "templates", "graph", "ties", "tensors", "tensor_blocks")
 
     def __init__(self, kind: str, alignment: int):
         self.kind = kind
@@ -147,11 +186,15 @@ class _KindBlocks:
         self.ends_list: list[int] = []
         self.size_src: list[int] | np.ndarray = []  # index into the key's size vector
         self.n_tensors = 0
-        self.scratch_pos: list[int] = []
+        self.scratch_pos: list[int] | np.ndarray = []
         #: Templates by template key (``template_key``); None where that key cannot be planned.
         self.templates: dict[tuple[int, ...], _Template | None] = {}
 
-    def freeze(self) -> None:
+    def freeze(self, tensors: Sequence[int], tensor_blocks: Sequence[int]) -> None:
+        """Fix the blocks; ``tensors`` (in this kind's workspace) live in blocks ``tensor_blocks``."""
+        self.tensors = np.array(tensors, np.int64)
+        self.tensor_blocks = np.array(tensor_blocks, np.int64)
+        self.scratch_pos = np.array(self.scratch_pos, np.int64)
         self.starts = np.array(self.starts_list, np.int64)
         self.ends = np.array(self.ends_list, np.int64)
         self.size_src = np.array(self.size_src, np.int64)
@@ -227,13 +270,15 @@ class GraphPlanner:
         # Per key only the symbolic expressions are evaluated; constants are read from here. The
         # sizes are products over a matrix of expression ids padded with the id of a constant 1.
         self.exprs = exprs
-        self.symbolic = [(i, e) for i, e in enumerate(exprs) if not e.is_constant]
-        self.constant_values = [e.constant if e.is_constant else 0 for e in exprs] + [1]
+        # Every expression, then a constant 1 (the pad of size_dims), evaluated at once per key; the
+        # batch computes shared subexpressions once and reads constants from its seed.
+        self.batch = ExprBatch([*exprs, parse_expr(1)], self.symbols)
         one = len(exprs)
         rank = max((len(ids) for ids in self.shape_exprs), default=0)
         self.size_dims = np.array([list(self.shape_exprs[sh]) + [one] * (rank - len(self.shape_exprs[sh]))
                                    for sh, _ in self.size_keys], np.int64).reshape(len(self.size_keys), rank)
         self.size_items = np.array([item for _, item in self.size_keys], np.int64)
+        self.max_item = max((item for _, item in self.size_keys), default=1)
         self.shape_getters = [_picker(ids) for ids in self.shape_exprs]
 
         # Storage groups (a tensor and everything written in place over it) and where they live.
@@ -247,9 +292,9 @@ class GraphPlanner:
 
         where: list[int | None] = [None] * n
         for i in range(len(ex.inputs_index)):
-            where[i] = static(Placement(INPUT, i, ex.tensor_device[i]))
+            where[i] = static((INPUT, i, ex.tensor_device[i]))
         for j, t in enumerate(ex.weights_index):
-            where[t] = static(Placement(WEIGHT, j, ex.tensor_device[t]))
+            where[t] = static((WEIGHT, j, ex.tensor_device[t]))
         for root, group in members.items():  # kernels writing in place into a graph input use its buffer
             if an.roles[root] == ROLE_INPUT:
                 for m in group:
@@ -270,7 +315,7 @@ class GraphPlanner:
             if root not in slot_of_root:
                 self.output_slots.append((ex.tensor_device[root], tuple(members[root])))
                 slot_of_root[root] = len(self.output_slots) - 1
-                placed = static(Placement(OUTPUT, slot_of_root[root], ex.tensor_device[root]))
+                placed = static((OUTPUT, slot_of_root[root], ex.tensor_device[root]))
                 for m in members[root]:
                     where[m] = placed
             outputs.append(("slot", slot_of_root[root]))
@@ -304,36 +349,42 @@ class GraphPlanner:
             kb.ends_list.append(pos)
             kb.size_src.append(n_sizes + ins.task_idx)  # type: ignore[union-attr]
             kb.scratch_pos.append(pos)
-        for kb in self.kinds.values():
-            kb.freeze()
-
-        # Placement of every tensor as an index into [static placements, then each kind's blocks].
-        base = len(pool_id)
-        kind_base: dict[str, int] = {}
-        for kind in sorted(self.kinds):
-            kind_base[kind] = base
-            base += self.kinds[kind].n_tensors
+        # Where every tensor lives (the same at every key), and each kind's tensors with their blocks.
         self.kind_order = tuple(sorted(self.kinds))
-        self.static_pool = list(pool_id)
-        tensor_pool: list[int] = []
+        static_places = list(pool_id)
+        where_t, index_t, kind_t = [], [], []
+        in_kind: dict[str, tuple[list[int], list[int]]] = {kind: ([], []) for kind in self.kind_order}
         for t in range(n):
             w = where[t]
             if w is None:
                 kind, b = block_of[an.alias_root[t]]
-                w = kind_base[kind] + b
-            tensor_pool.append(w)
-        self.tensor_pool = tensor_pool
-        self.pick_placements = _picker(tensor_pool)
+                where_t.append(WORKSPACE)
+                index_t.append(-1)
+                kind_t.append(kind)
+                in_kind[kind][0].append(t)
+                in_kind[kind][1].append(b)
+            else:
+                w_code, w_index, w_kind = static_places[w]
+                where_t.append(w_code)
+                index_t.append(w_index)
+                kind_t.append(w_kind)
+        for kind, (tensors, blocks) in in_kind.items():
+            self.kinds[kind].freeze(tensors, blocks)
+        scratch_kind: list[str | None] = [None] * len(ex.instructions)
+        for kind in self.kind_order:
+            for pos in self.kinds[kind].scratch_pos.tolist():
+                scratch_kind[pos] = kind
+        weights = [(t, i) for t, (w, i) in enumerate(zip(where_t, index_t)) if w == WEIGHT]
+        self.layout = PlanLayout(
+            where=tuple(where_t), index=tuple(index_t), kind=tuple(kind_t), scratch_kind=tuple(scratch_kind),
+            workspace_tensors={kind: _frozen_array(self.kinds[kind].tensors) for kind in self.kind_order},
+            weight_tensors=_frozen_array(np.array([t for t, _ in weights], np.int64)),
+            weight_numbers=_frozen_array(np.array([i for _, i in weights], np.int64)))
+        self.n_tensors = n
+        self.n_instructions = len(ex.instructions)
         self.pick_shapes = _picker(self.tensor_shape)
         self.pick_sizes = _picker(self.tensor_size)
         self.pick_symbols = _picker(self.instr_syms)
-        scratch_index = [0] * len(ex.instructions)
-        base = 1
-        for kind in self.kind_order:
-            for b, pos in enumerate(self.kinds[kind].scratch_pos):
-                scratch_index[pos] = base + b
-            base += len(self.kinds[kind].scratch_pos)
-        self.pick_scratch = _picker(scratch_index)
         self._lock = threading.Lock()
 
     def _kind(self, kind: str, alignment: Mapping[str, int]) -> _KindBlocks:
@@ -343,22 +394,21 @@ class GraphPlanner:
         return kb
 
     # -- per key ---------------------------------------------------------------------------------
-    def _values(self, key: tuple[int, ...]) -> tuple[dict[str, int], list[tuple[int, ...]], list[int], np.ndarray]:
-        """Evaluate every distinct expression once: env, distinct shapes, distinct sizes, and the size
-        vector that blocks index (``_KindBlocks.size_src``)."""
+    def _evaluate(self, key: tuple[int, ...]) -> tuple[dict[str, int], list[int], np.ndarray, np.ndarray]:
+        """Evaluate every distinct expression once: env, the value of each expression, the distinct
+        tensor sizes, and the size vector that blocks index (``_KindBlocks.size_src``)."""
         env = dict(zip(self.symbols, key))
-        vals = list(self.constant_values)
-        for i, e in self.symbolic:
-            vals[i] = e.evaluate(env)
-        array = np.array(vals, np.int64)
+        array = self.batch.evaluate_array(key)
+        vals = array.tolist()
         dims = array[self.size_dims]
-        if (dims < 0).any():
+        if dims.size and int(dims.min()) < 0:
             s = self.size_keys[int(np.flatnonzero((dims < 0).any(axis=1))[0])][0]
             raise InputError(f"tensor {self.shape_first[s]} would have a negative dimension "
                              f"{self.shape_getters[s](vals)} at {env}")
-        # int64 products may wrap; the float products (exact enough here) find the sizes over 2**62.
-        over = (dims.astype(np.float64).prod(axis=1) * self.size_items) > _MAX_BYTES * 0.999
-        if over.any():
+        # int64 products may wrap. When the largest dimension to the largest rank cannot pass 2**62
+        # bytes none does; otherwise the float products (exact enough here) find the sizes over it.
+        if dims.size and int(dims.max()) ** self.size_dims.shape[1] * self.max_item > _MAX_BYTES:
+            over = (dims.astype(np.float64).prod(axis=1) * self.size_items) > _MAX_BYTES * 0.999
             for z in np.flatnonzero(over).tolist():
                 shape_index, itemsize = self.size_keys[z]
                 shape = self.shape_getters[shape_index](vals)
@@ -366,16 +416,15 @@ class GraphPlanner:
                     t = self.tensor_size.index(z)
                     raise InputError(f"tensor {t} of shape {shape} at {env} is too large")
         sizes = dims.prod(axis=1) * self.size_items
-        shapes = [get(vals) for get in self.shape_getters]
         workspaces = array[self.kernel_ws]
-        bad = (workspaces < 0) | (workspaces > _MAX_BYTES)
-        if bad.any():
+        if workspaces.size and (int(workspaces.min()) < 0 or int(workspaces.max()) > _MAX_BYTES):
+            bad = (workspaces < 0) | (workspaces > _MAX_BYTES)
             k = int(np.flatnonzero(bad)[0])
             what = "negative" if workspaces[k] < 0 else "too large"
             raise InputError(f"kernel {self.kernel_names[k]!r} workspace {self.kernel_ws_source[k]!r} is {what} "
                              f"at {env}")
         # Per key, one vector of sizes: the distinct tensor sizes, then each kernel's workspace.
-        return env, shapes, sizes.tolist(), np.concatenate([sizes, workspaces])
+        return env, vals, sizes, np.concatenate([sizes, workspaces])
 
     def _template(self, kb: _KindBlocks, tkey: tuple[int, ...]) -> _Template | None:
         """The kind's template at template key ``tkey`` (its best-fit plan), planned once."""
@@ -386,8 +435,8 @@ class GraphPlanner:
             template = kb.templates.get(tkey, _MISSING)
             if template is _MISSING:
                 try:
-                    aligned = _aligned(self._values(tkey)[3][kb.size_src], kb.alignment)
-                    if sum(aligned.tolist()) > _MAX_BYTES:
+                    aligned = _aligned(self._evaluate(tkey)[3][kb.size_src], kb.alignment)
+                    if total_bytes(aligned) > _MAX_BYTES:
                         raise InputError("the template key's workspace is too large")
                     # Empty blocks count as one unit so that the template orders them too: a block
                     # empty at the template key may be large at another.
@@ -445,9 +494,10 @@ class GraphPlanner:
         return best
 
     def plan(self, key: tuple[int, ...]) -> KeyPlan:
-        env, shapes_d, sizes_d, size_vector = self._values(key)
-        pool = list(self.static_pool)
-        scratch_pool: list[tuple[str, int, int] | None] = [None]
+        env, vals, sizes, size_vector = self._evaluate(key)
+        tensor_offsets = np.zeros(self.n_tensors, np.int64)
+        scratch_offsets = np.zeros(self.n_instructions, np.int64)
+        scratch_nbytes = np.zeros(self.n_instructions, np.int64)
         workspace_bytes: dict[str, int] = {}
         bounds: dict[str, int] = {}
         no_reuse: dict[str, int] = {}
@@ -456,7 +506,7 @@ class GraphPlanner:
             kb = self.kinds[kind]
             raw = size_vector[kb.size_src]
             aligned = _aligned(raw, kb.alignment)
-            total = sum(aligned.tolist())
+            total = total_bytes(aligned)
             if total > _MAX_BYTES:
                 raise InputError(f"the {kind} workspace would need more than 2**62 bytes at {env}")
             bound = live_peak(kb.starts, kb.ends, aligned)
@@ -465,29 +515,25 @@ class GraphPlanner:
             workspace_bytes[kind] = peak
             bounds[kind] = bound
             no_reuse[kind] = total
-            offset_list = offsets.tolist()
-            tensor_offsets = offset_list[:kb.n_tensors]
-            made = {o: _make_placement((WORKSPACE, o, kind)) for o in set(tensor_offsets)}
-            pool.extend(map(made.__getitem__, tensor_offsets))
-            raw_scratch = raw[kb.n_tensors:]
-            items: list[tuple[str, int, int] | None] = list(zip(repeat(kind), offset_list[kb.n_tensors:],
-                                                                raw_scratch.tolist()))
-            for j in np.flatnonzero(raw_scratch == 0).tolist():
-                items[j] = None  # no scratch at this key: the kernel gets NULL
-            scratch_pool.extend(items)
+            tensor_offsets[kb.tensors] = offsets[kb.tensor_blocks]
+            scratch_offsets[kb.scratch_pos] = offsets[kb.n_tensors:]
+            scratch_nbytes[kb.scratch_pos] = raw[kb.n_tensors:]
 
-        nbytes = self.pick_sizes(sizes_d)
+        shapes = [get(vals) for get in self.shape_getters]
+        nbytes = self.pick_sizes(sizes.tolist())
         symbol_values = [tuple([key[i] for i in pos]) for pos in self.sym_lists]
         return KeyPlan(
             key=key,
             env=env,
-            shapes=self.pick_shapes(shapes_d),
+            shapes=self.pick_shapes(shapes),
             nbytes=nbytes,
-            placements=self.pick_placements(pool),
+            layout=self.layout,
+            tensor_offsets=_frozen_array(tensor_offsets),
             output_slots=tuple(OutputSlot(kind, max(nbytes[t] for t in tensors))
                                for kind, tensors in self.output_slots),
             outputs=self.outputs,
-            scratch=self.pick_scratch(scratch_pool),
+            scratch_offsets=_frozen_array(scratch_offsets),
+            scratch_nbytes=_frozen_array(scratch_nbytes),
             kernel_symbols=self.pick_symbols(symbol_values),
             workspace_bytes=workspace_bytes,
             lower_bound_bytes=bounds,

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from engine.backend import BackendBase
 from engine.bundle.contents import BundleContents
 from engine.errors import KernelError
 from engine.plugins import Registry
-from engine.runtime.plan import INPUT, OUTPUT, WEIGHT, WORKSPACE, KeyPlan
+from engine.runtime.plan import INPUT, OUTPUT, KeyPlan
 from engine.runtime.tasks import CompiledTask, CopyLaunch
 from engine.storage import Storage
 from engine.tensor import Tensor, tensor_from_numpy
@@ -23,16 +25,18 @@ __all__ = ["PreparedRun", "OutputWrapper", "resolve_static_addresses", "prepare_
 
 
 def resolve_static_addresses(plan: KeyPlan, weights: Sequence[Tensor], workspaces: dict[str, Storage]) -> list[int]:
-    """Addresses of weights and workspace tensors; 0 for inputs/outputs (patched per run)."""
-    addrs = []
-    for p in plan.placements:
-        if p.where == WEIGHT:
-            addrs.append(weights[p.index].addr)
-        elif p.where == WORKSPACE:
-            addrs.append(workspaces[p.kind].addr + p.index)
-        else:
-            addrs.append(0)
-    return addrs
+    """Addresses of weights and workspace tensors; 0 for inputs/outputs (patched per run).
+
+    Vectorised over the plan's layout: a new key or thread resolves a 1,000-tensor graph without a
+    Python step per tensor.
+    """
+    layout = plan.layout
+    addrs = np.zeros(len(layout.where), np.uint64)
+    for kind, tensors in layout.workspace_tensors.items():
+        addrs[tensors] = plan.tensor_offsets[tensors].astype(np.uint64) + np.uint64(workspaces[kind].addr)
+    if len(layout.weight_tensors):
+        addrs[layout.weight_tensors] = np.array([w.addr for w in weights], np.uint64)[layout.weight_numbers]
+    return addrs.tolist()
 
 
 def prepare_instruction(contents: BundleContents, plan: KeyPlan, task: CompiledTask, pos: int, choice: int,
@@ -48,8 +52,8 @@ def prepare_instruction(contents: BundleContents, plan: KeyPlan, task: CompiledT
                             plan.nbytes[ins.inputs[0]], streams.get(src_kind), streams.get(dst_kind),
                             device_index[src_kind])
         return launch, None
-    scratch = plan.scratch[pos]
-    ws = workspaces[scratch[0]].addr + scratch[1] if scratch is not None else 0
+    nbytes = plan.scratch_nbytes[pos]
+    ws = workspaces[plan.layout.scratch_kind[pos]].addr + int(plan.scratch_offsets[pos]) if nbytes else 0  # type: ignore[index]
     launch = task.candidates[choice].prepare(addrs, plan.kernel_symbols[pos], ws, streams.get(task.meta.device))
     return launch, task.backend
 
@@ -65,6 +69,7 @@ class PreparedRun:
                  backends: dict[str, BackendBase], device_index: dict[str, int], registry: Registry):
         ex = contents.execution
         static = resolve_static_addresses(plan, weights, workspaces)
+        layout_where, layout_index = plan.layout.where, plan.layout.index
         input_patches: list[list[tuple[Callable[[int, int], None], int]]] = [[] for _ in ex.inputs_index]
         slot_patches: list[list[tuple[Callable[[int, int], None], int]]] = [[] for _ in plan.output_slots]
         launches = []
@@ -76,11 +81,11 @@ class PreparedRun:
                                                   [static[t] for t in tensors], workspaces, streams, backends,
                                                   device_index)
             for a, t in enumerate(tensors):
-                p = plan.placements[t]
-                if p.where == INPUT:
-                    input_patches[p.index].append((launch.set_tensor, a))
-                elif p.where == OUTPUT:
-                    slot_patches[p.index].append((launch.set_tensor, a))
+                where, index = layout_where[t], layout_index[t]
+                if where == INPUT:
+                    input_patches[index].append((launch.set_tensor, a))
+                elif where == OUTPUT:
+                    slot_patches[index].append((launch.set_tensor, a))
             launches.append(launch)
             if groups and backend is not None and groups[-1][0] is backend:
                 groups[-1][1].append(launch)

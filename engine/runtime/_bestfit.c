@@ -1,0 +1,492 @@
+/* Compiled passes of the memory planner (engine.runtime.memory; docs/memory.md).
+ *
+ * Why C: planning a new dispatch key of a 1,000-instruction graph has a budget of 1 ms (issue 3),
+ * and a best-fit pass over ~1,600 blocks costs 1-6 ms in vectorised numpy (one round of ~20 numpy
+ * calls per link of the longest chain of interfering blocks) against ~50 us here. The Python
+ * module keeps the same algorithms in numpy and pure Python, and uses them when this extension
+ * was not built (it is optional: an install without a C compiler still works, only slower).
+ * Results are exactly those of the Python passes (tests/test_native_planner.py compares them).
+ *
+ * Every array is a 1-D C-contiguous int64 buffer. Interference (which blocks share a position in
+ * time) arrives as CSR: the neighbours of block i are indices[indptr[i]:indptr[i + 1]]. Inputs are
+ * checked (lengths, index ranges, permutations, size totals) before any pointer is followed, so a
+ * wrong call raises ValueError instead of reading out of bounds. The GIL is released while a pass
+ * runs: planning a key then does not stall other threads' runs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LIMIT (((int64_t)1) << 62) /* sum of sizes: every offset + size stays far from overflow */
+
+/* Raised for sizes these passes do not take (negative, or adding up past LIMIT): the caller plans
+ * those with Python integers instead. Every other bad argument is a plain ValueError (a bug). */
+static PyObject *SizeError;
+
+typedef struct {
+    int64_t lo, hi;
+} span;
+
+/* -- argument handling ------------------------------------------------------------------------ */
+
+typedef struct {
+    Py_buffer view;
+    int held;
+    int64_t *data;
+    Py_ssize_t len;
+} array;
+
+static void release(array *a, int count)
+{
+    for (int i = 0; i < count; i++) {
+        if (a[i].held) {
+            PyBuffer_Release(&a[i].view);
+            a[i].held = 0;
+        }
+    }
+}
+
+static int is_int64_format(const char *format)
+{
+    if (format == NULL)
+        return 0;
+    if (*format == '@' || *format == '=')
+        format++;
+#if PY_LITTLE_ENDIAN
+    else if (*format == '<')
+        format++;
+#else
+    else if (*format == '>' || *format == '!')
+        format++;
+#endif
+    return (format[0] == 'q' || format[0] == 'l') && format[1] == '\0';
+}
+
+static int take(PyObject *obj, array *out, int writable, const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &out->view, flags) < 0)
+        return -1;
+    out->held = 1;
+    if (out->view.ndim != 1 || out->view.itemsize != 8 || !is_int64_format(out->view.format)) {
+        PyErr_Format(PyExc_ValueError, "%s must be a 1-D C-contiguous int64 array (format %s, %d dims)",
+                     name, out->view.format ? out->view.format : "?", out->view.ndim);
+        return -1;
+    }
+    out->data = (int64_t *)out->view.buf;
+    out->len = out->view.len / 8;
+    return 0;
+}
+
+/* n blocks: indptr has n + 1 entries from 0, not decreasing, ending at len(indices); every index
+ * names another block. */
+static int check_graph(const array *indptr, const array *indices, Py_ssize_t n)
+{
+    if (indptr->len != n + 1) {
+        PyErr_Format(PyExc_ValueError, "indptr has %zd entries for %zd blocks; expected %zd", indptr->len, n, n + 1);
+        return -1;
+    }
+    const int64_t *p = indptr->data;
+    if (p[0] != 0 || p[n] != indices->len) {
+        PyErr_Format(PyExc_ValueError, "indptr must run from 0 to len(indices) = %zd", indices->len);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i + 1] < p[i]) {
+            PyErr_Format(PyExc_ValueError, "indptr decreases at block %zd", i);
+            return -1;
+        }
+    }
+    for (Py_ssize_t k = 0; k < indices->len; k++) {
+        int64_t j = indices->data[k];
+        if (j < 0 || j >= n) {
+            PyErr_Format(PyExc_ValueError, "indices[%zd] = %lld is not a block (0..%zd)", k, (long long)j, n - 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int check_sizes(const array *sizes)
+{
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < sizes->len; i++) {
+        int64_t s = sizes->data[i];
+        if (s < 0) {
+            PyErr_Format(SizeError, "sizes[%zd] = %lld is negative", i, (long long)s);
+            return -1;
+        }
+        if (s > LIMIT - total) {
+            PyErr_SetString(SizeError, "sizes add up to more than 2**62 bytes");
+            return -1;
+        }
+        total += s;
+    }
+    return 0;
+}
+
+/* order must list every block once; ``seen`` is n bytes of scratch. */
+static int check_permutation(const array *order, Py_ssize_t n, unsigned char *seen)
+{
+    if (order->len != n) {
+        PyErr_Format(PyExc_ValueError, "order has %zd entries for %zd blocks", order->len, n);
+        return -1;
+    }
+    memset(seen, 0, (size_t)n);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t i = order->data[k];
+        if (i < 0 || i >= n || seen[i]) {
+            PyErr_Format(PyExc_ValueError, "order is not a permutation of the blocks (entry %zd = %lld)", k,
+                         (long long)i);
+            return -1;
+        }
+        seen[i] = 1;
+    }
+    return 0;
+}
+
+/* -- best-fit --------------------------------------------------------------------------------- */
+
+/* Spans are ordered by their low end only: among spans that start at the same offset only the first
+ * can bound a gap (each has a positive size, so the next one starts below the running top), so their
+ * order does not change the result. */
+static int by_low(const void *a, const void *b)
+{
+    const span *x = a, *y = b;
+    return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+static void sort_spans(span *s, Py_ssize_t m)
+{
+    if (m > 32) {
+        qsort(s, (size_t)m, sizeof(span), by_low);
+        return;
+    }
+    for (Py_ssize_t k = 1; k < m; k++) { /* short rows (most of them): insertion sort */
+        span v = s[k];
+        Py_ssize_t j = k;
+        while (j > 0 && s[j - 1].lo > v.lo) {
+            s[j] = s[j - 1];
+            j--;
+        }
+        s[j] = v;
+    }
+}
+
+typedef struct {
+    Py_ssize_t n;
+    const int64_t *indptr, *indices, *sizes;
+    int64_t *top;
+    span *busy;
+} planner;
+
+/* One pass in ``order``: each block goes into the gap among its placed neighbours that wastes the
+ * fewest bytes (the lowest on a tie, the first exact fit at once), or on top of them all. Blocks
+ * of size 0 get offset 0 and take no space. Returns the peak. */
+static int64_t best_fit_pass(const planner *p, const int64_t *order, int64_t *offsets)
+{
+    const int64_t *indptr = p->indptr, *indices = p->indices, *sizes = p->sizes;
+    span *busy = p->busy;
+    int64_t *top = p->top; /* the top of each placed block, -1 while not placed */
+    for (Py_ssize_t i = 0; i < p->n; i++) {
+        top[i] = -1;
+        offsets[i] = 0; /* read (and ignored) for neighbours not yet placed */
+    }
+    int64_t peak = 0;
+    for (Py_ssize_t k = 0; k < p->n; k++) {
+        int64_t i = order[k], size = sizes[i];
+        if (size <= 0) {
+            offsets[i] = 0;
+            continue;
+        }
+        Py_ssize_t m = 0;
+        for (int64_t e = indptr[i], end = indptr[i + 1]; e < end; e++) {
+            int64_t j = indices[e]; /* written always, kept if placed: no branch to mispredict */
+            busy[m].lo = offsets[j];
+            busy[m].hi = top[j];
+            m += top[j] >= 0;
+        }
+        sort_spans(busy, m);
+        int64_t best = -1, best_waste = 0, cursor = 0;
+        for (Py_ssize_t q = 0; q < m; q++) {
+            int64_t gap = busy[q].lo - cursor;
+            if (gap >= size && (best < 0 || gap - size < best_waste)) {
+                best = cursor;
+                best_waste = gap - size;
+                if (best_waste == 0)
+                    break;
+            }
+            if (busy[q].hi > cursor)
+                cursor = busy[q].hi;
+        }
+        int64_t offset = best >= 0 ? best : cursor;
+        offsets[i] = offset;
+        top[i] = offset + size;
+        if (offset + size > peak)
+            peak = offset + size;
+    }
+    return peak;
+}
+
+/* ``rounds`` passes from ``order``: the first as given, each next one with the blocks that reached
+ * the previous pass's peak moved to the front (kept in order). The lowest peak wins (the first on
+ * a tie); stops at the first pass at or below ``target``. */
+static int64_t squeaky_wheel(const planner *p, const int64_t *order_in, int64_t rounds, int64_t target,
+                             int64_t *best, int64_t *order, int64_t *next, int64_t *offsets)
+{
+    Py_ssize_t n = p->n;
+    memcpy(order, order_in, (size_t)n * sizeof(int64_t));
+    int64_t best_peak = -1;
+    for (int64_t r = 0; r < rounds; r++) {
+        if (r > 0) {
+            int64_t peak = 0; /* of the previous pass, which may not be the best */
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (offsets[i] + p->sizes[i] > peak)
+                    peak = offsets[i] + p->sizes[i];
+            Py_ssize_t h = 0;
+            for (Py_ssize_t k = 0; k < n; k++)
+                if (offsets[order[k]] + p->sizes[order[k]] == peak)
+                    next[h++] = order[k];
+            for (Py_ssize_t k = 0; k < n; k++)
+                if (offsets[order[k]] + p->sizes[order[k]] != peak)
+                    next[h++] = order[k];
+            int64_t *swap = order;
+            order = next;
+            next = swap;
+        }
+        int64_t peak = best_fit_pass(p, order, offsets);
+        if (best_peak < 0 || peak < best_peak) {
+            best_peak = peak;
+            memcpy(best, offsets, (size_t)n * sizeof(int64_t));
+            if (peak <= target)
+                break;
+        }
+    }
+    return best_peak;
+}
+
+PyDoc_STRVAR(plan_doc,
+"plan(indptr, indices, sizes, order, offsets, rounds, target) -> peak\n\n"
+"Best-fit in ``order``, then up to ``rounds - 1`` squeaky-wheel passes (blocks that reach the\n"
+"peak go first), stopping at the first peak <= ``target``. The best offsets are written to\n"
+"``offsets``; returns their peak. Equals the Python passes of engine.runtime.memory.");
+
+static PyObject *plan(PyObject *self, PyObject *args)
+{
+    PyObject *o_indptr, *o_indices, *o_sizes, *o_order, *o_offsets;
+    long long rounds, target;
+    if (!PyArg_ParseTuple(args, "OOOOOLL:plan", &o_indptr, &o_indices, &o_sizes, &o_order, &o_offsets, &rounds,
+                          &target))
+        return NULL;
+    (void)self;
+    array a[5];
+    memset(a, 0, sizeof a);
+    PyObject *result = NULL;
+    void *work = NULL;
+    if (take(o_indptr, &a[0], 0, "indptr") < 0 || take(o_indices, &a[1], 0, "indices") < 0 ||
+        take(o_sizes, &a[2], 0, "sizes") < 0 || take(o_order, &a[3], 0, "order") < 0 ||
+        take(o_offsets, &a[4], 1, "offsets") < 0)
+        goto done;
+    Py_ssize_t n = a[2].len;
+    if (a[4].len != n) {
+        PyErr_Format(PyExc_ValueError, "offsets has %zd entries for %zd blocks", a[4].len, n);
+        goto done;
+    }
+    if (rounds < 1) {
+        PyErr_SetString(PyExc_ValueError, "rounds must be at least 1");
+        goto done;
+    }
+    Py_ssize_t max_degree = 0;
+    if (check_graph(&a[0], &a[1], n) < 0 || check_sizes(&a[2]) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (a[0].data[i + 1] - a[0].data[i] > max_degree)
+            max_degree = (Py_ssize_t)(a[0].data[i + 1] - a[0].data[i]);
+    /* scratch: two orders, the current offsets, the tops, neighbour spans, and flags for the check */
+    size_t ints = (size_t)n * 4 * sizeof(int64_t);
+    size_t spans = (size_t)(max_degree + 1) * sizeof(span);
+    work = PyMem_RawMalloc(ints + spans + (size_t)n + 1);
+    if (work == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *order = work, *next = order + n, *offsets = next + n, *top = offsets + n;
+    span *busy = (span *)(top + n);
+    unsigned char *seen = (unsigned char *)(busy + max_degree + 1);
+    if (check_permutation(&a[3], n, seen) < 0)
+        goto done;
+    planner p = {n, a[0].data, a[1].data, a[2].data, top, busy};
+    int64_t peak = 0;
+    if (n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        peak = squeaky_wheel(&p, a[3].data, rounds, target, a[4].data, order, next, offsets);
+        Py_END_ALLOW_THREADS
+    }
+    result = PyLong_FromLongLong(peak);
+done:
+    PyMem_RawFree(work);
+    release(a, 5);
+    return result;
+}
+
+/* -- replay ----------------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(replay_doc,
+"replay(indptr, indices, sizes, template_offsets, order, offsets) -> peak\n\n"
+"Stack the blocks as a finished plan (``template_offsets``) did, with other ``sizes``: each block\n"
+"sits on the highest top among its neighbours that lay below it in the template. ``order`` lists\n"
+"the blocks by template offset (not decreasing), so that every block comes after the blocks below\n"
+"it. Writes ``offsets``; returns the peak.");
+
+static PyObject *replay(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_indptr, *o_indices, *o_sizes, *o_template, *o_order, *o_offsets;
+    if (!PyArg_ParseTuple(args, "OOOOOO:replay", &o_indptr, &o_indices, &o_sizes, &o_template, &o_order,
+                          &o_offsets))
+        return NULL;
+    array a[6];
+    memset(a, 0, sizeof a);
+    PyObject *result = NULL;
+    void *work = NULL;
+    if (take(o_indptr, &a[0], 0, "indptr") < 0 || take(o_indices, &a[1], 0, "indices") < 0 ||
+        take(o_sizes, &a[2], 0, "sizes") < 0 || take(o_template, &a[3], 0, "template_offsets") < 0 ||
+        take(o_order, &a[4], 0, "order") < 0 || take(o_offsets, &a[5], 1, "offsets") < 0)
+        goto done;
+    Py_ssize_t n = a[2].len;
+    if (a[3].len != n || a[5].len != n) {
+        PyErr_Format(PyExc_ValueError, "template_offsets and offsets need %zd entries", n);
+        goto done;
+    }
+    if (check_graph(&a[0], &a[1], n) < 0 || check_sizes(&a[2]) < 0)
+        goto done;
+    work = PyMem_RawCalloc((size_t)n * (sizeof(int64_t) + 1) + 1, 1);
+    if (work == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *tops = work; /* zero until set: read (and ignored) for blocks not below */
+    if (check_permutation(&a[4], n, (unsigned char *)(tops + n)) < 0)
+        goto done;
+    const int64_t *indptr = a[0].data, *indices = a[1].data, *sizes = a[2].data, *template = a[3].data;
+    const int64_t *order = a[4].data;
+    for (Py_ssize_t k = 1; k < n; k++) {
+        if (template[order[k]] < template[order[k - 1]]) {
+            PyErr_Format(PyExc_ValueError, "order is not sorted by template offset at entry %zd", k);
+            goto done;
+        }
+    }
+    int64_t *offsets = a[5].data, peak = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t i = order[k], low = 0, here = template[i];
+        for (int64_t e = indptr[i], end = indptr[i + 1]; e < end; e++) {
+            int64_t j = indices[e];
+            int64_t t = template[j] < here ? tops[j] : 0; /* j is below i: it came earlier, its top is set */
+            low = t > low ? t : low;
+        }
+        offsets[i] = low;
+        tops[i] = low + sizes[i];
+        peak = tops[i] > peak ? tops[i] : peak;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromLongLong(peak);
+done:
+    PyMem_RawFree(work);
+    release(a, 6);
+    return result;
+}
+
+/* -- lower bound ------------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(live_peak_doc,
+"live_peak(starts, ends, sizes) -> int\n\n"
+"The largest total of ``sizes`` over blocks live at one position (ranges inclusive): the lower\n"
+"bound of any plan.");
+
+static PyObject *live_peak(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_starts, *o_ends, *o_sizes;
+    if (!PyArg_ParseTuple(args, "OOO:live_peak", &o_starts, &o_ends, &o_sizes))
+        return NULL;
+    array a[3];
+    memset(a, 0, sizeof a);
+    PyObject *result = NULL;
+    int64_t *delta = NULL;
+    if (take(o_starts, &a[0], 0, "starts") < 0 || take(o_ends, &a[1], 0, "ends") < 0 ||
+        take(o_sizes, &a[2], 0, "sizes") < 0)
+        goto done;
+    Py_ssize_t n = a[2].len;
+    if (a[0].len != n || a[1].len != n) {
+        PyErr_Format(PyExc_ValueError, "starts, ends and sizes differ in length (%zd, %zd, %zd)", a[0].len,
+                     a[1].len, n);
+        goto done;
+    }
+    if (check_sizes(&a[2]) < 0)
+        goto done;
+    int64_t last = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (a[0].data[i] < 0 || a[1].data[i] < a[0].data[i]) {
+            PyErr_Format(PyExc_ValueError, "block %zd has range %lld..%lld", i, (long long)a[0].data[i],
+                         (long long)a[1].data[i]);
+            goto done;
+        }
+        if (a[1].data[i] > last)
+            last = a[1].data[i];
+    }
+    if (last >= ((int64_t)1) << 32) {
+        PyErr_Format(PyExc_ValueError, "a block ends at position %lld", (long long)last);
+        goto done;
+    }
+    delta = PyMem_RawCalloc((size_t)(last + 2), sizeof(int64_t));
+    if (delta == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        delta[a[0].data[i]] += a[2].data[i];
+        delta[a[1].data[i] + 1] -= a[2].data[i];
+    }
+    int64_t live = 0, peak = 0;
+    for (int64_t t = 0; t <= last; t++) {
+        live += delta[t];
+        if (live > peak)
+            peak = live;
+    }
+    result = PyLong_FromLongLong(peak);
+done:
+    PyMem_RawFree(delta);
+    release(a, 3);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"live_peak", live_peak, METH_VARARGS, live_peak_doc},
+    {"plan", plan, METH_VARARGS, plan_doc},
+    {"replay", replay, METH_VARARGS, replay_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "engine.runtime._bestfit",
+    "Compiled best-fit and replay passes of engine.runtime.memory (optional; same results).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__bestfit(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    SizeError = PyErr_NewExceptionWithDoc("engine.runtime._bestfit.SizeError",
+                                          "Sizes the compiled passes do not take (negative, or over 2**62 in all).",
+                                          PyExc_ValueError, NULL);
+    if (SizeError == NULL || PyModule_AddObjectRef(m, "SizeError", SizeError) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

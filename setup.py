@@ -1,0 +1,15 @@
+"""Build step for the compiled parts of the core, both on the path of planning a new dispatch key:
+``engine.runtime._bestfit`` (the memory planner's passes) and ``engine._exprtape`` (size
+expressions).
+
+Everything else is declared in ``pyproject.toml``. Both extensions are optional: where no C
+compiler is available the install still succeeds, and the core uses its numpy and Python
+equivalents (same plans and values, slower to make; ``docs/memory.md`` §7).
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[
+    Extension("engine.runtime._bestfit", ["engine/runtime/_bestfit.c"], optional=True),
+    Extension("engine._exprtape", ["engine/_exprtape.c"], optional=True),
+])
