@@ -1,5 +1,5 @@
 """Build step for the compiled parts of the core, both on the path of planning a new dispatch key:
-``engine.runtime._bestfit`` (the memory planner's passes) and ``engine._exprtape`` (size
+``engine.runtime._planner`` (the memory planner's passes) and ``engine._exprtape`` (size
 expressions).
 
 Everything else is declared in ``pyproject.toml``. Both extensions are optional: where no C
@@ -10,6 +10,6 @@ equivalents (same plans and values, slower to make; ``docs/memory.md`` §7).
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("engine.runtime._bestfit", ["engine/runtime/_bestfit.c"], optional=True),
+    Extension("engine.runtime._planner", ["engine/runtime/_planner.c"], optional=True),
     Extension("engine._exprtape", ["engine/_exprtape.c"], optional=True),
 ])

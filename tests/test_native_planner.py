@@ -1,4 +1,4 @@
-"""The compiled planner passes (``engine/runtime/_bestfit.c``) against the numpy and Python ones.
+"""The compiled planner passes (``engine/runtime/_planner.c``) against the numpy and Python ones.
 
 The extension is optional (an install without a C compiler plans with numpy), so both must give the
 same plans: every comparison here runs the same call with the extension and with ``memory._native``
@@ -19,8 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.build import GraphBuilder
 from engine.bundle.contents import read_bundle
-from engine.runtime import memory
+from engine.errors import EngineError
+from engine.runtime import memory, plan
 from engine.runtime.memory import (Block, Interference, ReplayTemplate, align_up, best_fit, live_peak, plan_array,
                                    plan_offsets)
 from engine.runtime.plan import GraphPlanner
@@ -32,19 +34,19 @@ NATIVE = memory._native
 
 if NATIVE is None:
     if os.environ.get("ENGINE_REQUIRE_NATIVE") == "1":
-        raise RuntimeError("engine.runtime._bestfit was not built (ENGINE_REQUIRE_NATIVE=1): "
+        raise RuntimeError("engine.runtime._planner was not built (ENGINE_REQUIRE_NATIVE=1): "
                            "`pip install -e .` needs a C compiler")
-    pytestmark = pytest.mark.skip(reason="engine.runtime._bestfit was not built (no C compiler at install)")
+    pytestmark = pytest.mark.skip(reason="engine.runtime._planner was not built (no C compiler at install)")
 
 
 @contextlib.contextmanager
 def python_passes():
     """The body runs on the numpy/Python passes."""
-    memory._native = None
+    memory._native = plan._native = None
     try:
         yield
     finally:
-        memory._native = NATIVE
+        memory._native = plan._native = NATIVE
 
 
 def _arrays(blocks, alignment=64):
@@ -232,3 +234,25 @@ def test_sizes_beyond_the_compiled_range_use_the_python_passes():
     starts, ends, sizes = _arrays(blocks)
     assert live_peak(starts, ends, sizes) == 2**63  # beyond int64: counted in Python ints
     assert memory.by_area(starts, ends, sizes).tolist() == [0, 1, 2]  # areas of 2**63: sorted in Python ints
+
+
+def test_bad_keys_give_the_same_errors_with_either_passes(registry):
+    """The compiled key sizes only accept a clean key; numpy then finds and names the problem."""
+    b = GraphBuilder("bad", registry=registry)
+    x = b.input("x", "float32", ["n"])
+    k = b.kernel("noop", entries=["noop"], source=bench.NOOP_SOURCE)
+    (y,) = b.call(k, [x], [("float32", ["n - 5", "n", "n"])])
+    (z,) = b.call(k, [y], [("float32", ["n"])], workspace="n * 1099511627776")
+    (w,) = b.call(k, [z], [("float32", ["0", "n * 1099511627776", "n * 1099511627776"])])
+    b.output(w)
+    contents = read_bundle(b.to_bytes())
+    for key in [(2,), (6,), ((1 << 22) + 1,), (1 << 23,), (1 << 21,)]:
+        outcomes = []
+        for passes in ("compiled", "python"):
+            with (python_passes() if passes == "python" else contextlib.nullcontext()):
+                try:
+                    outcomes.append(GraphPlanner(contents, {"cpu": 64}).plan(key))
+                except EngineError as e:
+                    outcomes.append((type(e).__name__, str(e)))
+        assert outcomes[0] == outcomes[1], key
+    assert outcomes[0][0] == "InputError" and "is too large" in outcomes[0][1]  # 2**21 cubed x 4 bytes

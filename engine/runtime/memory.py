@@ -57,8 +57,8 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-try:  # the compiled passes (``_bestfit.c``); optional, the numpy and Python passes give the same plans
-    from engine.runtime import _bestfit as _native
+try:  # the compiled passes (``_planner.c``); optional, the numpy and Python passes give the same plans
+    from engine.runtime import _planner as _native
 except ImportError:  # pragma: no cover - an install without a C compiler
     _native = None
 
@@ -77,7 +77,7 @@ _FIT_LIMIT = 2**62
 
 
 def native_passes() -> bool:
-    """Whether the compiled passes (``engine.runtime._bestfit``) were built and are in use."""
+    """Whether the compiled passes (``engine.runtime._planner``) were built and are in use."""
     return _native is not None
 
 
@@ -300,14 +300,14 @@ def tie_ranks(starts: np.ndarray, ends: np.ndarray, groups: np.ndarray) -> np.nd
 class Interference:
     """Which blocks interfere, from their ranges alone (so a graph computes it once for every key).
 
-    ``a``, ``b``: every interfering pair once; ``nbr``: row ``i`` lists the blocks interfering with
-    ``i``, padded with ``n`` (a sentinel) to one more column than the longest row; ``width[i]``:
-    the columns row ``i`` needs (its neighbours and one pad); ``indptr``, ``indices``: the same rows
-    as CSR (the neighbours of ``i`` are ``indices[indptr[i]:indptr[i + 1]]``), for the compiled
-    passes.
+    ``a``, ``b``: every interfering pair once; ``indptr``, ``indices``: the neighbours of block ``i``
+    are ``indices[indptr[i]:indptr[i + 1]]`` (CSR, what the compiled passes read); ``nbr``: the same
+    rows padded with ``n`` (a sentinel) to one more column than the longest, and ``width[i]``: the
+    columns row ``i`` needs (its neighbours and one pad), for the numpy passes, which build them on
+    first use (with the compiled passes they are never needed).
     """
 
-    __slots__ = ("n", "a", "b", "nbr", "width", "indptr", "indices")
+    __slots__ = ("n", "a", "b", "indptr", "indices", "_nbr")
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray):
         starts = np.asarray(starts, np.int64)
@@ -318,13 +318,25 @@ class Interference:
         src = np.concatenate([self.a, self.b])
         dst = np.concatenate([self.b, self.a])
         by_src = np.argsort(src, kind="stable")
-        src, dst = src[by_src], dst[by_src]
-        degree = np.bincount(src, minlength=n)
-        self.nbr = np.full((n, int(degree.max(initial=0)) + 1), n, np.int64)
-        self.nbr[src, np.arange(len(src)) - (np.cumsum(degree) - degree)[src]] = dst
-        self.width = degree + 1
-        self.indptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
-        self.indices = np.ascontiguousarray(dst, np.int64)
+        self.indices = np.ascontiguousarray(dst[by_src], np.int64)
+        self.indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(src, minlength=n), out=self.indptr[1:])
+        self._nbr: np.ndarray | None = None
+
+    @property
+    def width(self) -> np.ndarray:
+        return np.diff(self.indptr) + 1
+
+    @property
+    def nbr(self) -> np.ndarray:
+        if self._nbr is None:
+            n, indptr = self.n, self.indptr
+            degree = np.diff(indptr)
+            nbr = np.full((n, int(degree.max(initial=0)) + 1), n, np.int64)
+            rows = np.repeat(np.arange(n), degree)
+            nbr[rows, np.arange(len(self.indices)) - indptr[rows]] = self.indices
+            self._nbr = nbr
+        return self._nbr
 
 
 def fit(sizes: np.ndarray, order: np.ndarray, graph: Interference) -> tuple[np.ndarray, int]:

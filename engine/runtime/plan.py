@@ -34,6 +34,11 @@ from engine.errors import EngineError, InputError
 from engine.expr import Expr, ExprBatch, parse_expr
 from engine.runtime.memory import Interference, ReplayTemplate, live_peak, plan_array, tie_ranks, total_bytes
 
+try:  # a key's sizes in one compiled call (``_planner.c``); optional, numpy below gives the same
+    from engine.runtime import _planner as _native
+except ImportError:  # pragma: no cover - an install without a C compiler
+    _native = None
+
 __all__ = ["Placement", "PlanLayout", "KeyPlan", "OutputSlot", "GraphPlanner", "build_key_plan", "INPUT", "WEIGHT", "OUTPUT",
            "WORKSPACE", "REPLAY_SLACK_PERCENT", "template_key"]
 
@@ -279,6 +284,7 @@ class GraphPlanner:
                                    for sh, _ in self.size_keys], np.int64).reshape(len(self.size_keys), rank)
         self.size_items = np.array([item for _, item in self.size_keys], np.int64)
         self.max_item = max((item for _, item in self.size_keys), default=1)
+        self.size_dims_flat = np.ascontiguousarray(self.size_dims.ravel())
         self.shape_getters = [_picker(ids) for ids in self.shape_exprs]
 
         # Storage groups (a tensor and everything written in place over it) and where they live.
@@ -400,6 +406,12 @@ class GraphPlanner:
         env = dict(zip(self.symbols, key))
         array = self.batch.evaluate_array(key)
         vals = array.tolist()
+        if _native is not None:
+            vector = np.empty(len(self.size_items) + len(self.kernel_ws), np.int64)
+            if _native.key_sizes(array, self.size_dims_flat, self.size_dims.shape[1], self.size_items,
+                                 self.kernel_ws, vector):
+                return env, vals, vector[:len(self.size_items)], vector
+            # a negative dimension, a size over 2**62 or a bad workspace: numpy below says which
         dims = array[self.size_dims]
         if dims.size and int(dims.min()) < 0:
             s = self.size_keys[int(np.flatnonzero((dims < 0).any(axis=1))[0])][0]

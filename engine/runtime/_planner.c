@@ -1,11 +1,13 @@
-/* Compiled passes of the memory planner (engine.runtime.memory; docs/memory.md).
+/* Compiled passes of the memory planner (engine.runtime.memory and .plan; docs/memory.md).
  *
  * Why C: planning a new dispatch key of a 1,000-instruction graph has a budget of 1 ms (issue 3),
  * and a best-fit pass over ~1,600 blocks costs 1-6 ms in vectorised numpy (one round of ~20 numpy
- * calls per link of the longest chain of interfering blocks) against ~50 us here. The Python
- * module keeps the same algorithms in numpy and pure Python, and uses them when this extension
- * was not built (it is optional: an install without a C compiler still works, only slower).
- * Results are exactly those of the Python passes (tests/test_native_planner.py compares them).
+ * calls per link of the longest chain of interfering blocks) against ~0.1 ms here; a key's sizes
+ * here are one call where numpy needs a dozen, each of which costs tens of microseconds when the
+ * CPU caches are cold (as they are when a new key arrives between runs). The Python modules keep
+ * the same algorithms in numpy and pure Python, and use them when this extension was not built
+ * (it is optional: an install without a C compiler still works, only slower). Results are exactly
+ * those of the Python passes (tests/test_native_planner.py compares them).
  *
  * Every array is a 1-D C-contiguous int64 buffer. Interference (which blocks share a position in
  * time) arrives as CSR: the neighbours of block i are indices[indptr[i]:indptr[i + 1]]. Inputs are
@@ -463,7 +465,72 @@ done:
     return result;
 }
 
+/* -- a key's sizes ---------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(key_sizes_doc,
+"key_sizes(values, dims, rank, items, workspaces, out) -> bool\n\n"
+"A key's byte counts from its expression values: for each distinct tensor size r, items[r] times\n"
+"the product of values[dims[r * rank + k]] over k; then for each kernel, values[workspaces[j]].\n"
+"Written to ``out``. False (``out`` partly written) where a dimension is negative, a size passes\n"
+"2**62 bytes on the way, or a workspace is negative or over 2**62: the caller finds which, and\n"
+"says so.");
+
+static PyObject *key_sizes(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_values, *o_dims, *o_items, *o_ws, *o_out;
+    Py_ssize_t rank;
+    if (!PyArg_ParseTuple(args, "OOnOOO:key_sizes", &o_values, &o_dims, &rank, &o_items, &o_ws, &o_out))
+        return NULL;
+    array a[5];
+    memset(a, 0, sizeof a);
+    PyObject *result = NULL;
+    if (take(o_values, &a[0], 0, "values") < 0 || take(o_dims, &a[1], 0, "dims") < 0 ||
+        take(o_items, &a[2], 0, "items") < 0 || take(o_ws, &a[3], 0, "workspaces") < 0 ||
+        take(o_out, &a[4], 1, "out") < 0)
+        goto done;
+    Py_ssize_t n_sizes = a[2].len, n_ws = a[3].len, n_values = a[0].len;
+    if (rank < 0 || a[1].len != n_sizes * rank || a[4].len != n_sizes + n_ws) {
+        PyErr_SetString(PyExc_ValueError, "dims must hold rank entries per size, out one per size and workspace");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < a[1].len; k++) {
+        if (a[1].data[k] < 0 || a[1].data[k] >= n_values) {
+            PyErr_Format(PyExc_ValueError, "dims[%zd] is not an index into values", k);
+            goto done;
+        }
+    }
+    for (Py_ssize_t k = 0; k < n_ws; k++) {
+        if (a[3].data[k] < 0 || a[3].data[k] >= n_values) {
+            PyErr_Format(PyExc_ValueError, "workspaces[%zd] is not an index into values", k);
+            goto done;
+        }
+    }
+    const int64_t *values = a[0].data, *dims = a[1].data, *items = a[2].data, *ws = a[3].data;
+    int64_t *out = a[4].data;
+    int ok = 1;
+    for (Py_ssize_t r = 0; r < n_sizes && ok; r++) {
+        int64_t bytes = items[r];
+        ok = bytes >= 0 && bytes <= LIMIT;
+        for (Py_ssize_t k = 0; k < rank && ok; k++) {
+            int64_t d = values[dims[r * rank + k]];
+            ok = d >= 0 && !__builtin_mul_overflow(bytes, d, &bytes) && bytes <= LIMIT;
+        }
+        out[r] = bytes;
+    }
+    for (Py_ssize_t j = 0; j < n_ws && ok; j++) {
+        int64_t w = values[ws[j]];
+        ok = w >= 0 && w <= LIMIT;
+        out[n_sizes + j] = w;
+    }
+    result = PyBool_FromLong(ok);
+done:
+    release(a, 5);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"key_sizes", key_sizes, METH_VARARGS, key_sizes_doc},
     {"live_peak", live_peak, METH_VARARGS, live_peak_doc},
     {"plan", plan, METH_VARARGS, plan_doc},
     {"replay", replay, METH_VARARGS, replay_doc},
@@ -471,17 +538,18 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "engine.runtime._bestfit",
-    "Compiled best-fit and replay passes of engine.runtime.memory (optional; same results).", -1, methods,
+    PyModuleDef_HEAD_INIT, "engine.runtime._planner",
+    "Compiled passes of the memory planner: best-fit, replay, lower bound, a key's sizes (optional; same results).",
+    -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__bestfit(void)
+PyMODINIT_FUNC PyInit__planner(void)
 {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    SizeError = PyErr_NewExceptionWithDoc("engine.runtime._bestfit.SizeError",
+    SizeError = PyErr_NewExceptionWithDoc("engine.runtime._planner.SizeError",
                                           "Sizes the compiled passes do not take (negative, or over 2**62 in all).",
                                           PyExc_ValueError, NULL);
     if (SizeError == NULL || PyModule_AddObjectRef(m, "SizeError", SizeError) < 0) {
