@@ -5,10 +5,11 @@
  * budget for the whole key (issue 3). Here a step is a few nanoseconds.
  *
  * The tape is three int64 arrays (opcode, left slot, right slot) over an int64 value array whose
- * first slots the caller fills (symbol values, then constants); step k writes slot
- * ``first + k``. Arithmetic is exactly Python's on integers that stay within int64: floor division
- * and modulo, ceil_div as -((-a) // b). Any step that would leave int64 or divide by zero stops the
- * run and returns False: the caller then evaluates in Python, which raises the precise ExprError.
+ * first slots hold the symbol values, then the constants; step k writes slot ``first + k``, and the
+ * results are picked from the slots. Arithmetic is exactly Python's on integers that stay within int64: floor division
+ * and modulo, ceil_div as -((-a) // b). A symbol value that is not an int in int64, or a step that
+ * would leave int64 or divide by zero, stops the run and returns False: the caller then evaluates
+ * in Python, which reads numpy integers or raises the precise ExprError.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -74,52 +75,82 @@ static int take(PyObject *obj, Py_buffer *view, int writable, const char *name)
     return 0;
 }
 
-PyDoc_STRVAR(run_doc,
-"run(ops, left, right, values, first) -> bool\n\n"
-"Run the tape: step k computes ops[k] on values[left[k]] and values[right[k]] into\n"
-"values[first + k]. False (and values partly written) where a step leaves int64 or divides by\n"
-"zero; ValueError for a malformed tape.");
+PyDoc_STRVAR(evaluate_doc,
+"evaluate(ops, left, right, start, values, picks, out) -> bool\n\n"
+"One evaluation in one call: the slots begin as ``start`` with the first len(values) replaced by\n"
+"``values`` (a list or tuple of Python ints), the tape runs, and out[k] = slot[picks[k]]. False\n"
+"where a value is not an int in int64, or a step leaves int64 or divides by zero.");
 
-static PyObject *run(PyObject *self, PyObject *args)
+static PyObject *evaluate(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *objs[4];
-    Py_ssize_t first;
-    if (!PyArg_ParseTuple(args, "OOOOn:run", &objs[0], &objs[1], &objs[2], &objs[3], &first))
+    PyObject *objs[5], *o_values, *o_out;
+    if (!PyArg_ParseTuple(args, "OOOOOOO:evaluate", &objs[0], &objs[1], &objs[2], &objs[3], &o_values, &objs[4],
+                          &o_out))
         return NULL;
-    Py_buffer v[4];
-    static const char *names[4] = {"ops", "left", "right", "values"};
+    if (!PyList_Check(o_values) && !PyTuple_Check(o_values)) {
+        PyErr_SetString(PyExc_TypeError, "values must be a list or a tuple");
+        return NULL;
+    }
+    Py_buffer v[6];
+    static const char *names[6] = {"ops", "left", "right", "start", "picks", "out"};
+    PyObject *obj_of[6] = {objs[0], objs[1], objs[2], objs[3], objs[4], o_out};
     int held = 0;
     PyObject *result = NULL;
-    for (; held < 4; held++)
-        if (take(objs[held], &v[held], held == 3, names[held]) < 0)
+    int64_t *slots = NULL;
+    for (; held < 6; held++)
+        if (take(obj_of[held], &v[held], held == 5, names[held]) < 0)
             goto done;
-    const int64_t *ops = v[0].buf, *left = v[1].buf, *right = v[2].buf;
-    int64_t *values = v[3].buf;
-    Py_ssize_t steps = v[0].len / 8, slots = v[3].len / 8;
-    if (v[1].len != v[0].len || v[2].len != v[0].len || first < 0 || first + steps != slots) {
-        PyErr_SetString(PyExc_ValueError, "tape arrays differ in length, or values is not first + steps long");
+    const int64_t *ops = v[0].buf, *left = v[1].buf, *right = v[2].buf, *start = v[3].buf, *picks = v[4].buf;
+    int64_t *out = v[5].buf;
+    Py_ssize_t steps = v[0].len / 8, first = v[3].len / 8, n_picks = v[4].len / 8;
+    Py_ssize_t n_values = PySequence_Fast_GET_SIZE(o_values), slots_n = first + steps;
+    if (v[1].len != v[0].len || v[2].len != v[0].len || n_values > first || v[5].len != v[4].len) {
+        PyErr_SetString(PyExc_ValueError, "tape arrays, start, values or out of inconsistent lengths");
         goto done;
     }
-    for (Py_ssize_t k = 0; k < steps; k++) { /* operands come from earlier slots only */
+    for (Py_ssize_t k = 0; k < steps; k++) {
         if (ops[k] < 0 || ops[k] >= N_OPS || left[k] < 0 || left[k] >= first + k || right[k] < 0 ||
             right[k] >= first + k) {
             PyErr_Format(PyExc_ValueError, "tape step %zd is malformed", k);
             goto done;
         }
     }
+    for (Py_ssize_t k = 0; k < n_picks; k++) {
+        if (picks[k] < 0 || picks[k] >= slots_n) {
+            PyErr_Format(PyExc_ValueError, "picks[%zd] is not a slot", k);
+            goto done;
+        }
+    }
+    slots = PyMem_RawMalloc((size_t)(slots_n + 1) * sizeof(int64_t));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(slots, start, (size_t)first * sizeof(int64_t));
     int ok = 1;
+    PyObject **items = PySequence_Fast_ITEMS(o_values);
+    for (Py_ssize_t k = 0; k < n_values && ok; k++) {
+        int overflow = 0;
+        long long x = PyLong_CheckExact(items[k]) ? PyLong_AsLongLongAndOverflow(items[k], &overflow) : 0;
+        ok = PyLong_CheckExact(items[k]) && !overflow && !(x == -1 && PyErr_Occurred());
+        slots[k] = x;
+    }
     for (Py_ssize_t k = 0; k < steps && ok; k++)
-        ok = !step(ops[k], values[left[k]], values[right[k]], &values[first + k]);
+        ok = !step(ops[k], slots[left[k]], slots[right[k]], &slots[first + k]);
+    if (ok)
+        for (Py_ssize_t k = 0; k < n_picks; k++)
+            out[k] = slots[picks[k]];
     result = PyBool_FromLong(ok);
 done:
+    PyMem_RawFree(slots);
     while (held > 0)
         PyBuffer_Release(&v[--held]);
     return result;
 }
 
 static PyMethodDef methods[] = {
-    {"run", run, METH_VARARGS, run_doc},
+    {"evaluate", evaluate, METH_VARARGS, evaluate_doc},
     {NULL, NULL, 0, NULL},
 };
 

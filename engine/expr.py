@@ -500,19 +500,14 @@ class ExprBatch:
 
     def _run_native(self, values: Sequence[int]) -> np.ndarray | None:
         """The compiled tape on plain ints; None where the Python paths must decide."""
-        if len(values) != self._nsym or not {*map(type, values)} <= _INT_ONLY:
-            return None  # numpy integers, bools, wrong counts: the Python paths handle them exactly
-        start = self._start
-        slots = np.empty(len(start) + len(self._tape), np.int64)
-        slots[:len(start)] = start
-        try:
-            slots[:self._nsym] = values
-        except OverflowError:  # a symbol value outside int64
-            return None
+        if len(values) != self._nsym:
+            return None  # the Python paths handle wrong counts exactly
+        out = np.empty(len(self._out_index), np.int64)
         ops, left, right = self._codes  # type: ignore[misc]
-        if not _native_tape.run(ops, left, right, slots, len(start)):  # type: ignore[union-attr]
-            return None  # an intermediate outside int64 or a division by zero: the error comes from Python
-        return slots[self._out_index]
+        if not _native_tape.evaluate(ops, left, right, self._start, values, self._out_index, out):  # type: ignore[union-attr]
+            return None  # not plain ints in int64, an intermediate outside int64 or a division by zero:
+            #              the Python paths decide (numpy integers) and raise the precise error
+        return out
 
     def _run(self, values: Sequence[int]) -> list[int] | None:
         """The tape on plain ints; None where the per-expression path must decide."""

@@ -669,12 +669,16 @@ def test_the_compiled_tape_is_built_and_used():
     assert batch._codes is not None and batch.steps >= 24
     want = [a * k + b // (k + 1) - -(-a // (k + 2)) % (b + k) for a, b in [(1000, 7)] for k in range(10)]
     assert batch.evaluate([1000, 7]) == want == batch.evaluate_array([1000, 7]).tolist()
-    with pytest.raises(ValueError, match="tape step 0 is malformed"):
-        expr._native_tape.run(np.array([99], np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64),
-                              np.zeros(2, np.int64), 1)
+    z1, out = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    with pytest.raises(ValueError, match="tape step 0 is malformed"):  # an unknown opcode
+        expr._native_tape.evaluate(np.array([99], np.int64), z1, z1, z1, [], z1, out)
     with pytest.raises(ValueError, match="tape step 0 is malformed"):  # an operand from a later slot
-        expr._native_tape.run(np.array([0], np.int64), np.array([1], np.int64), np.zeros(1, np.int64),
-                              np.zeros(2, np.int64), 1)
-    with pytest.raises(ValueError, match="not first \\+ steps long"):
-        expr._native_tape.run(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64),
-                              np.zeros(5, np.int64), 1)
+        expr._native_tape.evaluate(np.array([0], np.int64), np.array([1], np.int64), z1, z1, [], z1, out)
+    with pytest.raises(ValueError, match="picks\\[0\\] is not a slot"):
+        expr._native_tape.evaluate(z1, z1, z1, z1, [], np.array([7], np.int64), out)
+    with pytest.raises(ValueError, match="inconsistent lengths"):  # more values than leading slots
+        expr._native_tape.evaluate(z1, z1, z1, z1, [1, 2], z1, out)
+    assert not expr._native_tape.evaluate(z1, z1, z1, z1, [2**63], z1, out)  # not in int64: Python decides
+    assert not expr._native_tape.evaluate(z1, z1, z1, z1, [True], z1, out)  # not a plain int: Python decides
+    assert expr._native_tape.evaluate(z1, z1, z1, z1, [21], np.array([1], np.int64), out)
+    assert out.tolist() == [42]  # slot 0 = the symbol, 21; step 0 (ADD, slots 0 and 0) writes slot 1

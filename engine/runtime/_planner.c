@@ -529,8 +529,227 @@ done:
     return result;
 }
 
+/* -- one kind's blocks at a key --------------------------------------------------------------- */
+
+PyDoc_STRVAR(kind_sizes_doc,
+"kind_sizes(size_vector, size_src, alignment, starts, ends, raw, aligned, pad) -> (total, bound)\n\n"
+"The blocks of one kind at a key: raw[i] = size_vector[size_src[i]], aligned[i] = raw[i] rounded\n"
+"up to ``alignment`` (with ``pad``, empty blocks take the smallest aligned size, or 1), their total\n"
+"and their lower bound (the most bytes live at one position). SizeError where a size is negative\n"
+"or the total passes 2**62.");
+
+static PyObject *kind_sizes(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o[7];
+    long long alignment;
+    int pad;
+    if (!PyArg_ParseTuple(args, "OOLOOOOp:kind_sizes", &o[0], &o[1], &alignment, &o[2], &o[3], &o[4], &o[5], &pad))
+        return NULL;
+    array a[6];
+    memset(a, 0, sizeof a);
+    static const char *names[6] = {"size_vector", "size_src", "starts", "ends", "raw", "aligned"};
+    PyObject *result = NULL;
+    int64_t *delta = NULL;
+    for (int k = 0; k < 6; k++)
+        if (take(o[k], &a[k], k >= 4, names[k]) < 0)
+            goto done;
+    Py_ssize_t n = a[1].len;
+    if (a[2].len != n || a[3].len != n || a[4].len != n || a[5].len != n || alignment < 1 || alignment > (1 << 30)) {
+        PyErr_SetString(PyExc_ValueError, "size_src, starts, ends, raw and aligned differ in length, or bad alignment");
+        goto done;
+    }
+    const int64_t *vector = a[0].data, *src = a[1].data, *starts = a[2].data, *ends = a[3].data;
+    int64_t *raw = a[4].data, *aligned = a[5].data, last = -1, smallest = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (src[i] < 0 || src[i] >= a[0].len || starts[i] < 0 || ends[i] < starts[i]) {
+            PyErr_Format(PyExc_ValueError, "block %zd: bad size index or range", i);
+            goto done;
+        }
+        int64_t r = vector[src[i]];
+        if (r < 0 || r > LIMIT) {
+            PyErr_Format(SizeError, "block %zd has %lld bytes", i, (long long)r);
+            goto done;
+        }
+        raw[i] = r;
+        aligned[i] = (r + alignment - 1) / alignment * alignment;
+        if (aligned[i] > 0 && (smallest == 0 || aligned[i] < smallest))
+            smallest = aligned[i];
+        if (ends[i] > last)
+            last = ends[i];
+    }
+    if (last >= ((int64_t)1) << 32) {
+        PyErr_Format(PyExc_ValueError, "a block ends at position %lld", (long long)last);
+        goto done;
+    }
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (pad && aligned[i] == 0)
+            aligned[i] = smallest > 0 ? smallest : 1;
+        if (aligned[i] > LIMIT - total) {
+            PyErr_SetString(SizeError, "sizes add up to more than 2**62 bytes");
+            goto done;
+        }
+        total += aligned[i];
+    }
+    delta = PyMem_RawCalloc((size_t)(last + 2), sizeof(int64_t));
+    if (delta == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        delta[starts[i]] += aligned[i];
+        delta[ends[i] + 1] -= aligned[i];
+    }
+    int64_t live = 0, bound = 0;
+    for (int64_t t = 0; t <= last; t++) {
+        live += delta[t];
+        bound = live > bound ? live : bound;
+    }
+    result = Py_BuildValue("LL", (long long)total, (long long)bound);
+done:
+    PyMem_RawFree(delta);
+    release(a, 6);
+    return result;
+}
+
+PyDoc_STRVAR(scatter_doc,
+"scatter(offsets, raw, n_tensors, tensors, tensor_blocks, scratch_pos, tensor_offsets, scratch_offsets,\n"
+"        scratch_nbytes)\n\n"
+"A kind's block offsets into a key plan's arrays: tensor_offsets[tensors[k]] =\n"
+"offsets[tensor_blocks[k]]; for the scratch blocks (those after the first ``n_tensors``),\n"
+"scratch_offsets[scratch_pos[j]] and scratch_nbytes[scratch_pos[j]] from offsets and raw.");
+
+static PyObject *scatter(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o[8];
+    Py_ssize_t n_tensors;
+    if (!PyArg_ParseTuple(args, "OOnOOOOOO:scatter", &o[0], &o[1], &n_tensors, &o[2], &o[3], &o[4], &o[5], &o[6],
+                          &o[7]))
+        return NULL;
+    array a[8];
+    memset(a, 0, sizeof a);
+    static const char *names[8] = {"offsets", "raw", "tensors", "tensor_blocks", "scratch_pos", "tensor_offsets",
+                                   "scratch_offsets", "scratch_nbytes"};
+    PyObject *result = NULL;
+    for (int k = 0; k < 8; k++)
+        if (take(o[k], &a[k], k >= 5, names[k]) < 0)
+            goto done;
+    Py_ssize_t n = a[0].len, n_scratch = a[4].len;
+    if (a[1].len != n || n_tensors < 0 || n_tensors + n_scratch != n || a[3].len != a[2].len ||
+        a[7].len != a[6].len) {
+        PyErr_SetString(PyExc_ValueError, "scatter: arrays of inconsistent lengths");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < a[2].len; k++) {
+        if (a[2].data[k] < 0 || a[2].data[k] >= a[5].len || a[3].data[k] < 0 || a[3].data[k] >= n_tensors) {
+            PyErr_Format(PyExc_ValueError, "scatter: tensor entry %zd out of range", k);
+            goto done;
+        }
+    }
+    for (Py_ssize_t j = 0; j < n_scratch; j++) {
+        if (a[4].data[j] < 0 || a[4].data[j] >= a[6].len) {
+            PyErr_Format(PyExc_ValueError, "scatter: scratch entry %zd out of range", j);
+            goto done;
+        }
+    }
+    for (Py_ssize_t k = 0; k < a[2].len; k++)
+        a[5].data[a[2].data[k]] = a[0].data[a[3].data[k]];
+    for (Py_ssize_t j = 0; j < n_scratch; j++) {
+        a[6].data[a[4].data[j]] = a[0].data[n_tensors + j];
+        a[7].data[a[4].data[j]] = a[1].data[n_tensors + j];
+    }
+    result = Py_NewRef(Py_None);
+done:
+    release(a, 8);
+    return result;
+}
+
+/* -- orders ----------------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(stable_order_doc,
+"stable_order(keys, descending, ranks, out)\n\n"
+"The blocks sorted by ``keys`` (ascending, or descending), equal keys in the order of ``ranks``\n"
+"(a permutation: block i comes at rank ranks[i]) or, with ranks None, of their index; into ``out``.\n"
+"The same order as numpy's stable argsort, by an LSD radix sort that skips the bytes all keys share\n"
+"(sizes and offsets use a few of their eight).");
+
+static PyObject *stable_order(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_keys, *o_ranks, *o_out;
+    int descending;
+    if (!PyArg_ParseTuple(args, "OpOO:stable_order", &o_keys, &descending, &o_ranks, &o_out))
+        return NULL;
+    array a[3];
+    memset(a, 0, sizeof a);
+    PyObject *result = NULL;
+    void *work = NULL;
+    if (take(o_keys, &a[0], 0, "keys") < 0 || (o_ranks != Py_None && take(o_ranks, &a[1], 0, "ranks") < 0) ||
+        take(o_out, &a[2], 1, "out") < 0)
+        goto done;
+    Py_ssize_t n = a[0].len;
+    if (a[2].len != n || (a[1].held && a[1].len != n)) {
+        PyErr_SetString(PyExc_ValueError, "keys, ranks and out differ in length");
+        goto done;
+    }
+    work = PyMem_RawMalloc((size_t)n * 2 * sizeof(uint64_t) + (size_t)n + 1);
+    if (work == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint64_t *ukey = work;
+    int64_t *cur = a[2].data, *tmp = (int64_t *)(ukey + n);
+    unsigned char *seen = (unsigned char *)(tmp + n);
+    if (a[1].held) { /* start from the blocks in rank order */
+        memset(seen, 0, (size_t)n);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t r = a[1].data[i];
+            if (r < 0 || r >= n || seen[r]) {
+                PyErr_SetString(PyExc_ValueError, "ranks is not a permutation");
+                goto done;
+            }
+            seen[r] = 1;
+            cur[r] = i;
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++)
+            cur[i] = i;
+    }
+    /* Signed order as unsigned order (flip the sign bit); descending is the complement. */
+    uint64_t all_or = 0, all_and = ~(uint64_t)0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t u = (uint64_t)a[0].data[i] ^ ((uint64_t)1 << 63);
+        ukey[i] = descending ? ~u : u;
+        all_or |= ukey[i];
+        all_and &= ukey[i];
+    }
+    uint64_t varying = all_or ^ all_and; /* bits that differ between some keys */
+    for (int shift = 0; shift < 64; shift += 8) {
+        if (((varying >> shift) & 0xff) == 0)
+            continue; /* every key has the same byte here: the pass would change nothing */
+        Py_ssize_t count[257] = {0};
+        for (Py_ssize_t k = 0; k < n; k++)
+            count[((ukey[cur[k]] >> shift) & 0xff) + 1]++;
+        for (int b = 0; b < 256; b++)
+            count[b + 1] += count[b];
+        for (Py_ssize_t k = 0; k < n; k++)
+            tmp[count[(ukey[cur[k]] >> shift) & 0xff]++] = cur[k];
+        memcpy(cur, tmp, (size_t)n * sizeof(int64_t));
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_RawFree(work);
+    release(a, 3);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"stable_order", stable_order, METH_VARARGS, stable_order_doc},
     {"key_sizes", key_sizes, METH_VARARGS, key_sizes_doc},
+    {"kind_sizes", kind_sizes, METH_VARARGS, kind_sizes_doc},
+    {"scatter", scatter, METH_VARARGS, scatter_doc},
     {"live_peak", live_peak, METH_VARARGS, live_peak_doc},
     {"plan", plan, METH_VARARGS, plan_doc},
     {"replay", replay, METH_VARARGS, replay_doc},

@@ -188,16 +188,13 @@ def plan_array(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, bound: i
         return np.zeros(0, np.int64), 0
     if ties is None:
         ties = tie_ranks(starts, ends, sizes)
-    # Largest first, equal sizes by tie rank: a stable sort by size of the blocks in tie order (one
-    # sort where np.lexsort((ties, -sizes)) makes two; ``ties`` ranks 0..n-1 once each).
-    by_tie = np.empty(n, np.int64)
-    by_tie[ties] = np.arange(n)
-    first_a = by_tie[np.argsort(-sizes[by_tie], kind="stable")]
     native = _native
     if native is not None:
         if graph is None:
             graph = Interference(starts, ends)
         sizes = _i64(sizes)
+        first_a = np.empty(n, np.int64)
+        native.stable_order(sizes, True, _i64(ties), first_a)  # as below, by a radix sort
         best = np.empty(n, np.int64)
         # Peaks the compiled passes make stay within 2**62, so clamping the target changes nothing.
         clamped = max(min(target, _FIT_LIMIT), -1)
@@ -213,6 +210,11 @@ def plan_array(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, bound: i
                 if peak < best_peak:
                     return other, peak
             return best, best_peak
+    # Largest first, equal sizes by tie rank: a stable sort by size of the blocks in tie order (one
+    # sort where np.lexsort((ties, -sizes)) makes two; ``ties`` ranks 0..n-1 once each).
+    by_tie = np.empty(n, np.int64)
+    by_tie[ties] = np.arange(n)
+    first_a = by_tie[np.argsort(-sizes[by_tie], kind="stable")]
     if total_bytes(sizes) <= _FIT_LIMIT:
         best, best_peak = fit(sizes, first_a, graph if graph is not None else Interference(starts, ends))
         if best_peak <= target:
@@ -494,7 +496,11 @@ class ReplayTemplate:
         self.n = len(offsets)
         self._graph = graph if graph is not None else Interference(starts, ends)
         self._offsets = np.ascontiguousarray(offsets, np.int64)
-        self._by_offset = np.argsort(self._offsets, kind="stable")
+        if _native is not None:
+            self._by_offset = np.empty(self.n, np.int64)
+            _native.stable_order(self._offsets, False, None, self._by_offset)
+        else:
+            self._by_offset = np.argsort(self._offsets, kind="stable")
         self._levels: tuple | None = None
         self._native = _native
 

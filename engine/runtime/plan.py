@@ -400,18 +400,18 @@ class GraphPlanner:
         return kb
 
     # -- per key ---------------------------------------------------------------------------------
-    def _evaluate(self, key: tuple[int, ...]) -> tuple[dict[str, int], list[int], np.ndarray, np.ndarray]:
-        """Evaluate every distinct expression once: env, the value of each expression, the distinct
-        tensor sizes, and the size vector that blocks index (``_KindBlocks.size_src``)."""
+    def _evaluate(self, key: tuple[int, ...]) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
+        """Evaluate every distinct expression once: env, the value of each expression (int64), the
+        distinct tensor sizes, and the size vector that blocks index (``_KindBlocks.size_src``)."""
         env = dict(zip(self.symbols, key))
         array = self.batch.evaluate_array(key)
-        vals = array.tolist()
         if _native is not None:
             vector = np.empty(len(self.size_items) + len(self.kernel_ws), np.int64)
             if _native.key_sizes(array, self.size_dims_flat, self.size_dims.shape[1], self.size_items,
                                  self.kernel_ws, vector):
-                return env, vals, vector[:len(self.size_items)], vector
+                return env, array, vector[:len(self.size_items)], vector
             # a negative dimension, a size over 2**62 or a bad workspace: numpy below says which
+        vals = array.tolist()
         dims = array[self.size_dims]
         if dims.size and int(dims.min()) < 0:
             s = self.size_keys[int(np.flatnonzero((dims < 0).any(axis=1))[0])][0]
@@ -436,7 +436,31 @@ class GraphPlanner:
             raise InputError(f"kernel {self.kernel_names[k]!r} workspace {self.kernel_ws_source[k]!r} is {what} "
                              f"at {env}")
         # Per key, one vector of sizes: the distinct tensor sizes, then each kernel's workspace.
-        return env, vals, sizes, np.concatenate([sizes, workspaces])
+        return env, array, sizes, np.concatenate([sizes, workspaces])
+
+    @staticmethod
+    def _kind_sizes(kb: _KindBlocks, size_vector: np.ndarray, *,
+                    pad: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """One kind's blocks at a key: raw and aligned sizes (``pad``: empty blocks as the smallest
+        size, for templates), their total and lower bound. InputError past 2**62 bytes in all."""
+        n = len(kb.size_src)
+        if _native is not None:
+            raw, aligned = np.empty(n, np.int64), np.empty(n, np.int64)
+            try:
+                total, bound = _native.kind_sizes(size_vector, kb.size_src, kb.alignment, kb.starts, kb.ends, raw,
+                                                  aligned, pad)
+            except _native.SizeError:
+                raise InputError(f"the {kb.kind} workspace would need more than 2**62 bytes") from None
+            return raw, aligned, total, bound
+        raw = size_vector[kb.size_src]
+        aligned = _aligned(raw, kb.alignment)
+        if pad:
+            positive = aligned[aligned > 0]
+            aligned = np.where(aligned > 0, aligned, int(positive.min()) if positive.size else 1)
+        total = total_bytes(aligned)
+        if total > _MAX_BYTES:
+            raise InputError(f"the {kb.kind} workspace would need more than 2**62 bytes")
+        return raw, aligned, total, live_peak(kb.starts, kb.ends, aligned)
 
     def _template(self, kb: _KindBlocks, tkey: tuple[int, ...]) -> _Template | None:
         """The kind's template at template key ``tkey`` (its best-fit plan), planned once."""
@@ -447,14 +471,9 @@ class GraphPlanner:
             template = kb.templates.get(tkey, _MISSING)
             if template is _MISSING:
                 try:
-                    aligned = _aligned(self._evaluate(tkey)[3][kb.size_src], kb.alignment)
-                    if total_bytes(aligned) > _MAX_BYTES:
-                        raise InputError("the template key's workspace is too large")
-                    # Empty blocks count as one unit so that the template orders them too: a block
-                    # empty at the template key may be large at another.
-                    positive = aligned[aligned > 0]
-                    padded = np.where(aligned > 0, aligned, int(positive.min()) if positive.size else 1)
-                    bound = live_peak(kb.starts, kb.ends, padded)
+                    # Empty blocks count as the smallest size so that the template orders them too:
+                    # a block empty at the template key may be large at another.
+                    _, padded, _, bound = self._kind_sizes(kb, self._evaluate(tkey)[3], pad=True)
                     offsets, _ = plan_array(kb.starts, kb.ends, padded, bound, _good_enough(bound),
                                             graph=kb.graph, ties=kb.ties)
                     template = _Template(offsets, padded)
@@ -506,7 +525,7 @@ class GraphPlanner:
         return best
 
     def plan(self, key: tuple[int, ...]) -> KeyPlan:
-        env, vals, sizes, size_vector = self._evaluate(key)
+        env, values, sizes, size_vector = self._evaluate(key)
         tensor_offsets = np.zeros(self.n_tensors, np.int64)
         scratch_offsets = np.zeros(self.n_instructions, np.int64)
         scratch_nbytes = np.zeros(self.n_instructions, np.int64)
@@ -516,21 +535,24 @@ class GraphPlanner:
         planned_by: dict[str, str] = {}
         for kind in self.kind_order:
             kb = self.kinds[kind]
-            raw = size_vector[kb.size_src]
-            aligned = _aligned(raw, kb.alignment)
-            total = total_bytes(aligned)
-            if total > _MAX_BYTES:
-                raise InputError(f"the {kind} workspace would need more than 2**62 bytes at {env}")
-            bound = live_peak(kb.starts, kb.ends, aligned)
+            try:
+                raw, aligned, total, bound = self._kind_sizes(kb, size_vector)
+            except InputError as e:
+                raise InputError(f"{e} at {env}") from None
             offsets, peak, how = self._assign(kb, key, aligned, bound)
             planned_by[kind] = how
             workspace_bytes[kind] = peak
             bounds[kind] = bound
             no_reuse[kind] = total
-            tensor_offsets[kb.tensors] = offsets[kb.tensor_blocks]
-            scratch_offsets[kb.scratch_pos] = offsets[kb.n_tensors:]
-            scratch_nbytes[kb.scratch_pos] = raw[kb.n_tensors:]
+            if _native is not None:
+                _native.scatter(offsets, raw, kb.n_tensors, kb.tensors, kb.tensor_blocks, kb.scratch_pos,
+                                tensor_offsets, scratch_offsets, scratch_nbytes)
+            else:
+                tensor_offsets[kb.tensors] = offsets[kb.tensor_blocks]
+                scratch_offsets[kb.scratch_pos] = offsets[kb.n_tensors:]
+                scratch_nbytes[kb.scratch_pos] = raw[kb.n_tensors:]
 
+        vals = values.tolist()
         shapes = [get(vals) for get in self.shape_getters]
         nbytes = self.pick_sizes(sizes.tolist())
         symbol_values = [tuple([key[i] for i in pos]) for pos in self.sym_lists]
