@@ -8,14 +8,14 @@ launches are built from it (``prepared``).
 
 ``GraphPlanner`` holds everything about a graph's memory that does not depend on the key, worked
 out once: which tensors share storage (in-place writes), which become output buffers, the blocks
-of each workspace kind with their live ranges (from ``GraphAnalysis``), and the distinct shape
-and size expressions. Planning a key then evaluates each distinct expression once, computes
-block sizes with numpy, and assigns offsets (``engine.runtime.memory``): by replaying the plan of
-a template key (``template_key``) when that is within ``REPLAY_SLACK_PERCENT`` of the lower bound,
-else by a fresh best-fit. A new key of a 1,000-instruction transformer then costs about a
-millisecond instead of 68 ms, and the first key of a power-of-two bucket (which plans the template
-with the vectorised ``memory.fit``) 4-5 ms; the interference matrix and the tie order that ``fit``
-needs are worked out once per graph (``docs/memory.md`` has the figures; issue 3).
+of each workspace kind with their live ranges (from ``GraphAnalysis``), the distinct shape and
+size expressions (one ``ExprBatch``), and the ``PlanLayout`` (where each tensor lives). Planning a
+key then evaluates the expressions at once, computes block sizes, and assigns offsets
+(``engine.runtime.memory``): by replaying the plan of a template key (``template_key``) when that
+is within ``REPLAY_SLACK_PERCENT`` of the lower bound, else by a fresh best-fit. The offsets come
+back as arrays over the layout, not as a Python object per tensor. With the compiled helpers
+(``_planner.c``, ``engine/_exprtape.c``) a new key of the 1,000-instruction benchmark transformer
+costs about 0.2 ms, the first key of a graph about 0.5 ms (``docs/memory.md`` §7; issue 3).
 """
 
 from __future__ import annotations
