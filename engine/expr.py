@@ -504,7 +504,8 @@ class ExprBatch:
             return None  # the Python paths handle wrong counts exactly
         out = np.empty(len(self._out_index), np.int64)
         ops, left, right = self._codes  # type: ignore[misc]
-        if not _native_tape.evaluate(ops, left, right, self._start, values, self._out_index, out):  # type: ignore[union-attr]
+        run = _native_tape.evaluate  # type: ignore[union-attr]
+        if not run(ops, left, right, self._start, values, self._out_index, out):
             return None  # not plain ints in int64, an intermediate outside int64 or a division by zero:
             #              the Python paths decide (numpy integers) and raise the precise error
         return out

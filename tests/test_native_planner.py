@@ -217,8 +217,9 @@ def test_plan_rejects_bad_arguments(change, message):
     args = dict(indptr=indptr, indices=indices, sizes=np.array([64, 128, 64], np.int64),
                 order=np.array([1, 0, 2], np.int64), offsets=np.zeros(3, np.int64), rounds=1, target=0)
     args.update(change)
-    call = lambda: NATIVE.plan(args["indptr"], args["indices"], args["sizes"], args["order"], args["offsets"],  # noqa: E731
-                               args["rounds"], args["target"])
+    def call():
+        return NATIVE.plan(args["indptr"], args["indices"], args["sizes"], args["order"], args["offsets"],
+                           args["rounds"], args["target"])
     if message is None:  # the control: these arguments are fine
         assert call() == 256  # the three blocks all meet at position 1
         return

@@ -8,14 +8,15 @@ largest ``offset + size``) is small. No plan can need less than the **lower boun
 total of bytes live at one position (``live_peak``).
 
 **Size-ordered best-fit** (``fit``, ``best_fit``). Blocks are taken largest first (ties: by colour,
-``tie_ranks``, then earlier start, then index: the result is deterministic). Each goes into the gap, among the already placed blocks that
-interfere with it, that wastes the fewest bytes (the lowest such gap on a tie), or on top of them
-when no gap is big enough. Why this order and rule: a large block placed late finds no hole and
-lands on top, raising the peak by its whole size; placed first, the large blocks settle at the
-bottom and the many small ones fill the holes between them, where best-fit (rather than
-first-fit) keeps the large holes for the blocks that need them. Placing in execution order instead
-(the reference runtime's first-fit arena) cannot know that a small tensor allocated now will sit
-under a large one allocated later, and fragments (``docs/memory.md`` has the figures).
+``tie_ranks``, then earlier start, then index: the result is deterministic). Each goes into the gap,
+among the already placed blocks that interfere with it, that wastes the fewest bytes (the lowest
+such gap on a tie), or on top of them when no gap is big enough. Why this order and rule: a large
+block placed late finds no hole and lands on top, raising the peak by its whole size; placed first,
+the large blocks settle at the bottom and the many small ones fill the holes between them, where
+best-fit (rather than first-fit) keeps the large holes for the blocks that need them. Placing in
+execution order instead (the reference runtime's first-fit arena) cannot know that a small tensor
+allocated now will sit under a large one allocated later, and fragments (``docs/memory.md`` has the
+figures).
 
 **Refinement** (``plan_blocks``). Greedy orders sometimes strand a block on top of others that
 interfere with it at different times, above the lower bound. When that happens the blocks that
@@ -47,9 +48,10 @@ best-fit costs milliseconds for a 1,000-instruction plan in Python. But its *dec
 from key to key: in a finished plan every pair of interfering blocks is ordered (one lies wholly
 below the other), and recomputing each block's offset as the highest top among the blocks below it,
 with another key's sizes, gives a valid plan for *any* sizes. ``ReplayTemplate`` keeps that order
-(compiled: the blocks sorted by template offset, one walk per replay; numpy: levels by Kahn's rounds,
-replayed level by level). With the template's own sizes the replay reproduces the plan exactly; when all sizes scale alike it reproduces it scaled. Callers compare the replayed
-peak with the key's lower bound and fall back to ``plan_array`` when it is not good enough
+(compiled: the blocks sorted by template offset, one walk per replay; numpy: levels by Kahn's
+rounds, replayed level by level). With the template's own sizes the replay reproduces the plan
+exactly; when all sizes scale alike it reproduces it scaled. Callers compare the replayed peak with
+the key's lower bound and fall back to ``plan_array`` when it is not good enough
 (``engine.runtime.plan``).
 """
 

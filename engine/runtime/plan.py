@@ -39,8 +39,8 @@ try:  # a key's sizes in one compiled call (``_planner.c``); optional, numpy bel
 except ImportError:  # pragma: no cover - an install without a C compiler
     _native = None
 
-__all__ = ["Placement", "PlanLayout", "KeyPlan", "OutputSlot", "GraphPlanner", "build_key_plan", "INPUT", "WEIGHT", "OUTPUT",
-           "WORKSPACE", "REPLAY_SLACK_PERCENT", "template_key"]
+__all__ = ["Placement", "PlanLayout", "KeyPlan", "OutputSlot", "GraphPlanner", "build_key_plan", "INPUT", "WEIGHT",
+           "OUTPUT", "WORKSPACE", "REPLAY_SLACK_PERCENT", "template_key"]
 
 INPUT, WEIGHT, OUTPUT, WORKSPACE = 0, 1, 2, 3
 
@@ -272,11 +272,10 @@ class GraphPlanner:
         self.sym_lists = list(sym_lists)
         self.instr_syms = [task_syms[t] for t in self.instr_task]
 
-        # Per key only the symbolic expressions are evaluated; constants are read from here. The
-        # sizes are products over a matrix of expression ids padded with the id of a constant 1.
+        # Every expression, then a constant 1, evaluated at once per key (shared subexpressions once,
+        # constants read from the batch's seed). The sizes are products over a matrix of expression
+        # ids padded with the id of that constant 1.
         self.exprs = exprs
-        # Every expression, then a constant 1 (the pad of size_dims), evaluated at once per key; the
-        # batch computes shared subexpressions once and reads constants from its seed.
         self.batch = ExprBatch([*exprs, parse_expr(1)], self.symbols)
         one = len(exprs)
         rank = max((len(ids) for ids in self.shape_exprs), default=0)

@@ -53,7 +53,8 @@ def prepare_instruction(contents: BundleContents, plan: KeyPlan, task: CompiledT
                             device_index[src_kind])
         return launch, None
     nbytes = plan.scratch_nbytes[pos]
-    ws = workspaces[plan.layout.scratch_kind[pos]].addr + int(plan.scratch_offsets[pos]) if nbytes else 0  # type: ignore[index]
+    kind = plan.layout.scratch_kind[pos]
+    ws = workspaces[kind].addr + int(plan.scratch_offsets[pos]) if nbytes and kind is not None else 0
     launch = task.candidates[choice].prepare(addrs, plan.kernel_symbols[pos], ws, streams.get(task.meta.device))
     return launch, task.backend
 
