@@ -82,6 +82,17 @@ static int take(PyObject *obj, array *out, int writable, const char *name)
     return 0;
 }
 
+/* Take ``count`` arrays (``a`` zeroed first, so that ``release`` is always safe); those from
+ * ``first_writable`` on are outputs. */
+static int take_all(PyObject *const *objs, array *a, int count, const char *const *names, int first_writable)
+{
+    memset(a, 0, sizeof(array) * (size_t)count);
+    for (int k = 0; k < count; k++)
+        if (take(objs[k], &a[k], k >= first_writable, names[k]) < 0)
+            return -1;
+    return 0;
+}
+
 /* n blocks: indptr has n + 1 entries from 0, not decreasing, ending at len(indices); every index
  * names another block. */
 static int check_graph(const array *indptr, const array *indices, Py_ssize_t n)
@@ -277,19 +288,16 @@ PyDoc_STRVAR(plan_doc,
 
 static PyObject *plan(PyObject *self, PyObject *args)
 {
-    PyObject *o_indptr, *o_indices, *o_sizes, *o_order, *o_offsets;
-    long long rounds, target;
-    if (!PyArg_ParseTuple(args, "OOOOOLL:plan", &o_indptr, &o_indices, &o_sizes, &o_order, &o_offsets, &rounds,
-                          &target))
-        return NULL;
     (void)self;
+    PyObject *o[5];
+    long long rounds, target;
+    if (!PyArg_ParseTuple(args, "OOOOOLL:plan", &o[0], &o[1], &o[2], &o[3], &o[4], &rounds, &target))
+        return NULL;
+    static const char *const names[5] = {"indptr", "indices", "sizes", "order", "offsets"};
     array a[5];
-    memset(a, 0, sizeof a);
     PyObject *result = NULL;
     void *work = NULL;
-    if (take(o_indptr, &a[0], 0, "indptr") < 0 || take(o_indices, &a[1], 0, "indices") < 0 ||
-        take(o_sizes, &a[2], 0, "sizes") < 0 || take(o_order, &a[3], 0, "order") < 0 ||
-        take(o_offsets, &a[4], 1, "offsets") < 0)
+    if (take_all(o, a, 5, names, 4) < 0)
         goto done;
     Py_ssize_t n = a[2].len;
     if (a[4].len != n) {
@@ -345,17 +353,14 @@ PyDoc_STRVAR(replay_doc,
 static PyObject *replay(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *o_indptr, *o_indices, *o_sizes, *o_template, *o_order, *o_offsets;
-    if (!PyArg_ParseTuple(args, "OOOOOO:replay", &o_indptr, &o_indices, &o_sizes, &o_template, &o_order,
-                          &o_offsets))
+    PyObject *o[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO:replay", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5]))
         return NULL;
+    static const char *const names[6] = {"indptr", "indices", "sizes", "template_offsets", "order", "offsets"};
     array a[6];
-    memset(a, 0, sizeof a);
     PyObject *result = NULL;
     void *work = NULL;
-    if (take(o_indptr, &a[0], 0, "indptr") < 0 || take(o_indices, &a[1], 0, "indices") < 0 ||
-        take(o_sizes, &a[2], 0, "sizes") < 0 || take(o_template, &a[3], 0, "template_offsets") < 0 ||
-        take(o_order, &a[4], 0, "order") < 0 || take(o_offsets, &a[5], 1, "offsets") < 0)
+    if (take_all(o, a, 6, names, 5) < 0)
         goto done;
     Py_ssize_t n = a[2].len;
     if (a[3].len != n || a[5].len != n) {
@@ -411,15 +416,14 @@ PyDoc_STRVAR(live_peak_doc,
 static PyObject *live_peak(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *o_starts, *o_ends, *o_sizes;
-    if (!PyArg_ParseTuple(args, "OOO:live_peak", &o_starts, &o_ends, &o_sizes))
+    PyObject *o[3];
+    if (!PyArg_ParseTuple(args, "OOO:live_peak", &o[0], &o[1], &o[2]))
         return NULL;
+    static const char *const names[3] = {"starts", "ends", "sizes"};
     array a[3];
-    memset(a, 0, sizeof a);
     PyObject *result = NULL;
     int64_t *delta = NULL;
-    if (take(o_starts, &a[0], 0, "starts") < 0 || take(o_ends, &a[1], 0, "ends") < 0 ||
-        take(o_sizes, &a[2], 0, "sizes") < 0)
+    if (take_all(o, a, 3, names, 3) < 0)
         goto done;
     Py_ssize_t n = a[2].len;
     if (a[0].len != n || a[1].len != n) {
@@ -478,16 +482,14 @@ PyDoc_STRVAR(key_sizes_doc,
 static PyObject *key_sizes(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *o_values, *o_dims, *o_items, *o_ws, *o_out;
+    PyObject *o[5];
     Py_ssize_t rank;
-    if (!PyArg_ParseTuple(args, "OOnOOO:key_sizes", &o_values, &o_dims, &rank, &o_items, &o_ws, &o_out))
+    if (!PyArg_ParseTuple(args, "OOnOOO:key_sizes", &o[0], &o[1], &rank, &o[2], &o[3], &o[4]))
         return NULL;
+    static const char *const names[5] = {"values", "dims", "items", "workspaces", "out"};
     array a[5];
-    memset(a, 0, sizeof a);
     PyObject *result = NULL;
-    if (take(o_values, &a[0], 0, "values") < 0 || take(o_dims, &a[1], 0, "dims") < 0 ||
-        take(o_items, &a[2], 0, "items") < 0 || take(o_ws, &a[3], 0, "workspaces") < 0 ||
-        take(o_out, &a[4], 1, "out") < 0)
+    if (take_all(o, a, 5, names, 4) < 0)
         goto done;
     Py_ssize_t n_sizes = a[2].len, n_ws = a[3].len, n_values = a[0].len;
     if (rank < 0 || a[1].len != n_sizes * rank || a[4].len != n_sizes + n_ws) {
@@ -546,14 +548,12 @@ static PyObject *kind_sizes(PyObject *self, PyObject *args)
     int pad;
     if (!PyArg_ParseTuple(args, "OOLOOOOp:kind_sizes", &o[0], &o[1], &alignment, &o[2], &o[3], &o[4], &o[5], &pad))
         return NULL;
+    static const char *const names[6] = {"size_vector", "size_src", "starts", "ends", "raw", "aligned"};
     array a[6];
-    memset(a, 0, sizeof a);
-    static const char *names[6] = {"size_vector", "size_src", "starts", "ends", "raw", "aligned"};
     PyObject *result = NULL;
     int64_t *delta = NULL;
-    for (int k = 0; k < 6; k++)
-        if (take(o[k], &a[k], k >= 4, names[k]) < 0)
-            goto done;
+    if (take_all(o, a, 6, names, 4) < 0)
+        goto done;
     Py_ssize_t n = a[1].len;
     if (a[2].len != n || a[3].len != n || a[4].len != n || a[5].len != n || alignment < 1 || alignment > (1 << 30)) {
         PyErr_SetString(PyExc_ValueError, "size_src, starts, ends, raw and aligned differ in length, or bad alignment");
@@ -628,14 +628,12 @@ static PyObject *scatter(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOnOOOOOO:scatter", &o[0], &o[1], &n_tensors, &o[2], &o[3], &o[4], &o[5], &o[6],
                           &o[7]))
         return NULL;
+    static const char *const names[8] = {"offsets", "raw", "tensors", "tensor_blocks", "scratch_pos",
+                                         "tensor_offsets", "scratch_offsets", "scratch_nbytes"};
     array a[8];
-    memset(a, 0, sizeof a);
-    static const char *names[8] = {"offsets", "raw", "tensors", "tensor_blocks", "scratch_pos", "tensor_offsets",
-                                   "scratch_offsets", "scratch_nbytes"};
     PyObject *result = NULL;
-    for (int k = 0; k < 8; k++)
-        if (take(o[k], &a[k], k >= 5, names[k]) < 0)
-            goto done;
+    if (take_all(o, a, 8, names, 5) < 0)
+        goto done;
     Py_ssize_t n = a[0].len, n_scratch = a[4].len;
     if (a[1].len != n || n_tensors < 0 || n_tensors + n_scratch != n || a[3].len != a[2].len ||
         a[7].len != a[6].len) {
