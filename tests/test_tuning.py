@@ -25,6 +25,7 @@ from support import run_in_threads
 # The kernel is the tuning benchmark's, so the test and the benchmark measure the same thing.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from tuning import WORK_C  # noqa: E402
+from tuning import work_bundle as work_graph  # noqa: E402
 
 # In place (y is x): y = x + 1, the slow way or the fast way. Run twice, it would add 2.
 INC_C = r"""
@@ -66,16 +67,6 @@ def fresh_registry(tmp_path) -> Registry:
     from support import make_registry
 
     return make_registry(tmp_path / "cache")
-
-
-def work_graph(registry: Registry, path: Path) -> Path:
-    b = GraphBuilder("work", registry=registry)
-    x = b.input("x", "float32", ["n"])
-    k = b.kernel("work", entries=["heavy", "light"], source=WORK_C)
-    (y,) = b.call(k, [x], [("float32", ["n"])], symbols=["n"])
-    b.output(y, "y")
-    b.save(path)
-    return path
 
 
 @pytest.fixture(scope="module")
