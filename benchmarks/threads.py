@@ -90,7 +90,7 @@ def runs_per_second(graph, n: int, threads: int, seconds: float, *, floor: bool 
         x = np.random.default_rng(i).standard_normal(n).astype(np.float32)  # the thread's own input
         graph.run_async([x])  # the thread's first run prepares its workspaces and launches
         if floor:
-            (call,) = graph._local.state.runs[(n,)].calls  # the fused native call of this thread's run
+            (call,) = graph.runtime.lane().runs[(n,)].calls  # the fused native call of this thread's run
             nbytes = n * 4
 
             def run(args: object, call=call, empty=np.empty, uint8=np.uint8) -> None:

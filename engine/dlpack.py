@@ -182,13 +182,14 @@ def export_capsule(
     device_id: int,
     owner: object,
     *,
+    byte_offset: int = 0,
     versioned: bool,
     readonly: bool = False,
     copied: bool = False,
     version: tuple[int, int] = DLPACK_VERSION,
 ) -> object:
-    """A DLPack capsule for the C-contiguous tensor at ``data`` (any device: the memory is never
-    read here).
+    """A DLPack capsule for the C-contiguous tensor at ``data`` + ``byte_offset`` (any device: the
+    memory is never read here; devices whose pointers are handles give the handle as ``data``).
 
     ``owner`` is kept alive until the consumer calls the deleter, or the capsule dies unconsumed.
     ``versioned`` picks ``DLManagedTensorVersioned`` (with ``version`` and the ``readonly`` and
@@ -225,7 +226,7 @@ def export_capsule(
         capsule = array.__dlpack__()
         fields = _TensorFields.from_address(_capsule_get_pointer(capsule, _NAME_C))
     fields.data = data
-    fields.byte_offset = 0
+    fields.byte_offset = byte_offset
     fields.device_type = device_type
     fields.device_id = device_id
     fields.code = dtype.dlpack_code
@@ -267,10 +268,13 @@ class ManagedHolder:
 
 @attrs.frozen
 class ImportedDLTensor:
-    """The fields of a consumed DLPack capsule. ``addr`` already includes ``byte_offset``;
-    ``strides`` (in elements) is ``None`` when the producer declared the tensor compact."""
+    """The fields of a consumed DLPack capsule. ``data`` and ``byte_offset`` are kept apart (on
+    handle-addressed devices ``data`` is a buffer handle, not an address); ``addr`` is their sum for
+    flat address spaces. ``strides`` (in elements) is ``None`` when the producer declared the tensor
+    compact."""
 
-    addr: int
+    data: int
+    byte_offset: int
     nbytes: int
     shape: tuple[int, ...]
     strides: tuple[int, ...] | None
@@ -279,6 +283,10 @@ class ImportedDLTensor:
     device_id: int
     readonly: bool
     holder: ManagedHolder = attrs.field(eq=False, repr=False)
+
+    @property
+    def addr(self) -> int:
+        return self.data + self.byte_offset
 
     def release(self) -> None:
         self.holder.release()
@@ -322,9 +330,9 @@ def import_capsule(capsule: object, *, keepalive: object = None) -> ImportedDLTe
     strides = None
     if tensor.strides and ndim:
         strides = tuple((ctypes.c_int64 * ndim).from_address(tensor.strides))
-    addr = (tensor.data or 0) + tensor.byte_offset
     result = ImportedDLTensor(
-        addr=addr,
+        data=tensor.data or 0,
+        byte_offset=tensor.byte_offset,
         nbytes=math.prod(shape) * dtype.nbytes,
         shape=shape,
         strides=strides,

@@ -16,15 +16,18 @@ import attrs
 import pluggy
 
 from engine import hookspecs
-from engine.backend import API_VERSION, BackendBase
+from engine.backend import API_CHANGES, API_VERSION, BackendBase
 from engine.device import KIND_PATTERN
 from engine.errors import DeviceUnavailableError, PluginError
 from engine.settings import Settings
 
-__all__ = ["DeviceInfo", "PluginFailure", "Registry", "default_registry", "devices", "KNOWN_DISTRIBUTIONS"]
+__all__ = ["DeviceInfo", "PluginFailure", "Registry", "default_registry", "devices", "KNOWN_DISTRIBUTIONS",
+           "RESERVED_SLOTS"]
 
 #: Where to get the first-party kinds, for "install X" messages.
-KNOWN_DISTRIBUTIONS = {"cpu": "engine-cpu", "cuda": "engine-cuda", "hip": "engine-hip"}
+KNOWN_DISTRIBUTIONS = {"cpu": "engine-cpu", "cuda": "engine-cuda", "hip": "engine-hip", "opencl": "engine-opencl"}
+#: Workspace slots of the first-party kinds; third-party kinds take any other slot >= 3.
+RESERVED_SLOTS = {"cpu": 0, "cuda": 1, "hip": 2, "opencl": 3}
 
 
 @attrs.frozen
@@ -52,6 +55,8 @@ class DeviceInfo:
     api_version: tuple[int, int] | None
     workspace_slot: int | None
     reason: str | None
+    #: The driver or platform and its version, when the backend reports it.
+    driver: str | None = None
 
 
 @attrs.define
@@ -211,7 +216,7 @@ class Registry:
                 continue
             rows.append(DeviceInfo(kind, avail.available, avail.device_count, avail.device_names,
                                    entry.distribution, entry.version, entry.backend.api_version,
-                                   entry.backend.workspace_slot, avail.reason))
+                                   entry.backend.workspace_slot, avail.reason, avail.driver))
         for failure in self._failures:
             for kind in failure.kinds or ("?",):
                 rows.append(DeviceInfo(kind, False, 0, (), failure.distribution, failure.version,
@@ -238,16 +243,23 @@ def _check_backend(backend: object) -> str | None:
     if not (isinstance(version, tuple) and len(version) == 2 and all(isinstance(v, int) for v in version)):
         return f"backend {kind!r} declares a malformed api_version {version!r}"
     if version[0] != API_VERSION[0]:
-        return (f"backend {kind!r} speaks plugin API {version[0]}.{version[1]}, this engine speaks "
-                f"{API_VERSION[0]}.{API_VERSION[1]}: upgrade the plugin or the engine")
+        message = (f"backend {kind!r} speaks plugin API {version[0]}.{version[1]}, this engine speaks "
+                   f"{API_VERSION[0]}.{API_VERSION[1]}")
+        if version[0] < API_VERSION[0]:
+            changes = "; ".join(f"{major}.0: {API_CHANGES[major]}" for major in range(version[0] + 1, API_VERSION[0] + 1)
+                                if major in API_CHANGES)
+            return f"{message}: upgrade the plugin (what changed in {changes})"
+        return f"{message}: upgrade the engine"
     slot = backend.workspace_slot
-    expected = {"cpu": 0, "cuda": 1, "hip": 2}.get(kind)
-    if not isinstance(slot, int) or slot < 0:
+    expected = RESERVED_SLOTS.get(kind)
+    if not isinstance(slot, int) or isinstance(slot, bool) or slot < 0:
         return f"backend {kind!r} declares an invalid workspace_slot {slot!r}"
     if expected is not None and slot != expected:
         return f"backend {kind!r} must use workspace slot {expected}, declares {slot}"
-    if expected is None and slot < 3:
-        return f"third-party backend {kind!r} must use a workspace slot >= 3 (0-2 are reserved), declares {slot}"
+    if expected is None and (slot < 3 or slot in RESERVED_SLOTS.values()):
+        reserved = ", ".join(f"{k} {v}" for k, v in RESERVED_SLOTS.items())
+        return (f"third-party backend {kind!r} must use a workspace slot >= 3 that is not reserved ({reserved}), "
+                f"declares {slot}")
     return None
 
 

@@ -74,7 +74,13 @@ class Tensor:
         return math.prod(self.shape) * self.dtype.nbytes
 
     @property
+    def ptr(self) -> object:
+        """The device pointer of the first element (the backend's pointer type plus ``offset``)."""
+        return self.storage.ptr + self.offset
+
+    @property
     def addr(self) -> int:
+        """``ptr`` as an integer address; only for backends whose pointers are addresses."""
         return self.storage.addr + self.offset
 
     def __repr__(self) -> str:
@@ -96,9 +102,10 @@ class Tensor:
         out = np.empty(self.shape, self.dtype.numpy)
         if out.nbytes:
             index = self.device.index
-            backend.synchronize(index)
-            backend.copy_to_host(out.ctypes.data, self.addr, out.nbytes, backend.current_stream(index))
-            backend.synchronize(index)
+            stream = backend.current_stream(index)
+            order_after(backend, index, self.storage.stream, stream)
+            backend.copy_to_host(array_address(out), self.ptr, out.nbytes, stream)
+            host_wait(backend, index, stream)
         return out
 
     def __array__(self, dtype: object = None, copy: bool | None = None) -> np.ndarray:
@@ -138,9 +145,16 @@ class Tensor:
             here = source.__dlpack_device__()
         elif copy:
             source, copied = self._clone(), True
-        if stream != -1 and source.storage.host_view is None:
-            # The consumer reads on its own stream: make pending work on this device visible.
-            _backend(source.device.kind, source.registry).synchronize(source.device.index)
+        data, byte_offset = source.ptr, 0
+        if source.storage.host_view is None:
+            backend = _backend(source.device.kind, source.registry)
+            data, byte_offset = backend.export_pointer(source.ptr)
+            if stream != -1:
+                # The consumer reads on its own stream, which the contract cannot name to the
+                # backend: wait on the host for the work queued on the tensor's stream (an event,
+                # not a device-wide synchronize).
+                index = source.device.index
+                host_wait(backend, index, _producer_stream(source.storage, backend, index))
         versioned = max_version is not None and max_version[0] >= 1
         readonly = source.storage.readonly
         if readonly and not versioned:
@@ -151,7 +165,7 @@ class Tensor:
         if versioned and tuple(max_version) < version:  # type: ignore[arg-type]
             version = (1, max_version[1])  # type: ignore[index]
         return _dlpack.export_capsule(
-            source.addr, source.shape, source.dtype, here[0], here[1], source,
+            data, source.shape, source.dtype, here[0], here[1], source, byte_offset=byte_offset,
             versioned=versioned, readonly=readonly, copied=copied, version=version)
 
     def torch(self):  # -> torch.Tensor
@@ -186,7 +200,8 @@ def empty(shape: int | Sequence[int], dtype: DType | str | object, device: Devic
     dims = _shape(shape)
     dt = _dtypes.dtype(dtype)
     target = Device.parse(device)
-    storage = _backend(target.kind, registry).allocate(math.prod(dims) * dt.nbytes, target.index)
+    backend = _backend(target.kind, registry)
+    storage = backend.allocate(math.prod(dims) * dt.nbytes, target.index, backend.current_stream(target.index))
     return Tensor(storage, dt, dims, 0, registry=registry)
 
 
@@ -373,8 +388,11 @@ def _wrap_imported(imported: _dlpack.ImportedDLTensor, registry: "Registry | Non
         host_view = _borrowed_host_view(imported.addr, imported.nbytes, imported.readonly, imported.holder)
     # The holder owns the producer's struct (its deleter runs when the holder dies) and keeps the
     # producer alive; the storage and the host view both reference it.
-    storage = ExternalStorage(device, imported.addr, imported.nbytes, owner=imported.holder,
-                              host_view=host_view)
+    if backend is None or host_view is not None:
+        ptr: object = imported.addr
+    else:
+        ptr = backend.import_pointer(imported.data, imported.byte_offset, imported.device_id, imported.holder)
+    storage = ExternalStorage(device, ptr, imported.nbytes, owner=imported.holder, host_view=host_view)
     return Tensor(storage, imported.dtype, shape, 0, registry=registry)
 
 
@@ -415,8 +433,34 @@ def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     return dims
 
 
+def order_after(backend: "BackendBase", index: int, producer: object, stream: object) -> None:
+    """Make work queued next on ``stream`` wait for the work already queued on ``producer``
+    (an event recorded on one, waited for on the other; nothing when they are the same stream)."""
+    if producer is None or producer == stream:
+        return
+    event = backend.create_event(index)
+    event.record(producer)
+    event.wait(stream)
+
+
+def host_wait(backend: "BackendBase", index: int, stream: object) -> None:
+    """Block the host until the work queued on ``stream`` so far is done (one event, not the device)."""
+    event = backend.create_event(index)
+    event.record(stream)
+    event.synchronize()
+
+
+def _producer_stream(storage: Storage, backend: "BackendBase", index: int) -> object:
+    stream = storage.stream
+    return stream if stream is not None else backend.current_stream(index)
+
+
 def _copy(src: Tensor, dst: Tensor, registry: "Registry | None") -> None:
-    """Copy ``src``'s bytes into ``dst`` (same shape and dtype), waiting until the copy is done."""
+    """Copy ``src``'s bytes into ``dst`` (same shape and dtype).
+
+    The copy is queued on the destination's current stream after the work pending on the
+    source's stream; when the host needs the bytes (a host destination) it waits for them.
+    """
     nbytes = src.nbytes
     if nbytes == 0:
         return
@@ -425,28 +469,34 @@ def _copy(src: Tensor, dst: Tensor, registry: "Registry | None") -> None:
     if src_host and dst_host:
         # Both in host memory: the destination backend copies (a memmove for host kinds).
         backend = _backend(dst.device.kind, registry)
-        backend.copy_from_host(dst.addr, src.addr, nbytes, backend.current_stream(dst.device.index))
-        backend.synchronize(dst.device.index)
+        index = dst.device.index
+        stream = backend.current_stream(index)
+        backend.copy_from_host(dst.ptr, src.ptr, nbytes, stream)
+        host_wait(backend, index, stream)
         return
     if dst_host:
         backend = _backend(src.device.kind, registry)
         index = src.device.index
-        backend.synchronize(index)
-        backend.copy_to_host(dst.addr, src.addr, nbytes, backend.current_stream(index))
-        backend.synchronize(index)
+        stream = backend.current_stream(index)
+        order_after(backend, index, src.storage.stream, stream)
+        backend.copy_to_host(dst.ptr, src.ptr, nbytes, stream)
+        host_wait(backend, index, stream)
         return
     backend = _backend(dst.device.kind, registry)
     index = dst.device.index
+    stream = backend.current_stream(index)
     if src_host:
-        backend.copy_from_host(dst.addr, src.addr, nbytes, backend.current_stream(index))
+        # The host bytes may be reused once copy_from_host returns (the contract's pageable-copy rule).
+        backend.copy_from_host(dst.ptr, src.ptr, nbytes, stream)
     elif src.device.kind == dst.device.kind:
-        backend.synchronize(src.device.index)
-        backend.copy_device(dst.addr, src.addr, nbytes, backend.current_stream(index))
+        order_after(backend, index, src.storage.stream, stream)
+        backend.copy_device(dst.ptr, src.ptr, nbytes, stream)
+        if isinstance(src.storage, ExternalStorage):
+            host_wait(backend, index, stream)  # borrowed memory is freed by its producer, unordered
+        else:
+            src.storage.stream = stream  # its release is now ordered after this copy
     else:
-        # Two device kinds: stage through host memory.
+        # Two device kinds: stage through host memory (numpy() waits for the bytes).
         staged = src.numpy(registry=registry)
-        backend.copy_from_host(dst.addr, staged.ctypes.data, nbytes, backend.current_stream(index))
-        backend.synchronize(index)
-        return
-    # The source may be freed as soon as we return: wait for the copy.
-    backend.synchronize(index)
+        backend.copy_from_host(dst.ptr, array_address(staged), nbytes, stream)
+    dst.storage.stream = stream

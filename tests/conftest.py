@@ -26,7 +26,7 @@ def registry(session_cache):
 
 @pytest.fixture(scope="session")
 def registry2(session_cache):
-    """A registry with the CPU plugin and a second kind, 'hostdev' (slot 3)."""
+    """A registry with the CPU plugin and a second kind, 'hostdev' (slot 4; 3 is reserved for opencl)."""
     from support import make_registry
 
     return make_registry(session_cache, with_hostdev=True)

@@ -346,9 +346,9 @@ def test_devices_table_and_json_agree(cli, engine_cli):
     doc = json.loads(out)
     cpu = next(d for d in doc["devices"] if d["kind"] == "cpu")
     assert cpu["available"] and cpu["workspace_slot"] == 0 and cpu["distribution"] == "engine-cpu"
-    assert cpu["api_version"] == "1.0" and cpu["device_count"] >= 1 and cpu["device_names"]
+    assert cpu["api_version"] == "2.0" and cpu["device_count"] >= 1 and cpu["device_names"]
     row = next(line.split() for line in text.out.splitlines() if line.startswith("cpu "))
-    assert row[:6] == ["cpu", "yes", str(cpu["device_count"]), "0", "1.0", "engine-cpu"]
+    assert row[:6] == ["cpu", "yes", str(cpu["device_count"]), "0", "2.0", "engine-cpu"]
     assert cpu["device_names"][0] in text.out
 
 

@@ -95,9 +95,9 @@ def test_each_thread_has_its_own_workspaces(graphs):
 
     def work(i: int) -> None:
         _run(graph, xs)
-        state = graph._local.state
-        seen[i] = {k: w.addr for k, w in state.workspaces.items()}
-        keep.append(state.workspaces)  # keep them alive so that addresses cannot be reused
+        lane = graph.runtime.lane()
+        seen[i] = {k: w.base for k, w in lane.workspaces.items()}
+        keep.append(lane.workspaces)  # keep them alive so that addresses cannot be reused
 
     run_in_threads(work, 4)
     addrs = [a for ws in seen.values() for a in ws.values()]
@@ -116,11 +116,12 @@ def test_two_graphs_of_one_bundle_share_no_mutable_state(graphs, registry):
         g = graph if i % 2 else twin
         for _ in range(50):
             _check(_run(g, xs), want, f"thread {i}")
-        workspaces.append(g._local.state.workspaces["cpu"])
+        workspaces.append(g.runtime.lane().workspaces["cpu"])
 
     run_in_threads(work, 4)
-    assert graph._planner is not twin._planner and graph._plans is not twin._plans
-    assert len({w.addr for w in workspaces}) == 4
+    key = graph.runtime.binder.bind(xs)[2]
+    assert graph.runtime is not twin.runtime and graph.runtime.key_plan(key) is not twin.runtime.key_plan(key)
+    assert len({w.base for w in workspaces}) == 4
 
 
 def _rss() -> int:
@@ -142,7 +143,7 @@ def test_workspace_stops_growing_at_the_largest_key_and_memory_stays_flat(regist
     rss_warm = None
     for r, n in enumerate(sizes):
         graph.run_async(inputs[n])
-        history.append({k: w.nbytes for k, w in graph._local.state.workspaces.items()})
+        history.append({k: w.nbytes for k, w in graph.runtime.lane().workspaces.items()})
         if r == 1000:
             gc.collect()
             rss_warm = _rss()
@@ -151,7 +152,7 @@ def test_workspace_stops_growing_at_the_largest_key_and_memory_stays_flat(regist
     final = history[-1]
     assert all(h == final for h in history[max(largest_at, 0):])
     keys = {tuple(n for _ in spec.symbols) for n in sizes}
-    assert final["cpu"] == max(graph._key_plan(k).workspace_bytes["cpu"] for k in keys)
+    assert final["cpu"] == max(graph.runtime.key_plan(k).workspace_bytes["cpu"] for k in keys)
     assert graph.run_stats().prepared_runs <= len(keys) * 8  # re-prepared only when the workspace grew
     assert grown < 4 << 20, f"resident memory grew by {grown} bytes over 9,000 runs"
 
@@ -163,13 +164,13 @@ def test_workspaces_are_released_with_the_thread_and_the_graph(registry):
 
     def work(i: int) -> None:
         _run(graph, xs)
-        refs.append(weakref.ref(graph._local.state.workspaces["cpu"].owner))
+        refs.append(weakref.ref(graph.runtime.lane().workspaces["cpu"].storages[0].owner))
 
     run_in_threads(work, 2)
     gc.collect()
     assert [r() for r in refs] == [None, None]  # the threads ended: their workspaces went with them
     _run(graph, xs)
-    ref = weakref.ref(graph._local.state.workspaces["cpu"].owner)
+    ref = weakref.ref(graph.runtime.lane().workspaces["cpu"].storages[0].owner)
     del graph
     gc.collect()
     assert ref() is None

@@ -1,6 +1,8 @@
 """Tests of the CPU device plugin (``engine-cpu``) with real compiled C, real files, real processes.
 
 Every test builds its own ``CpuBackend(cache_dir=tmp_path)`` so caches never leak between tests.
+The plugin speaks device contract v2: pointers are host addresses (``int``), ``None`` is the null
+workspace, and binary selection is ``BackendBase.load_kernel``'s.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.backend import API_VERSION, BinaryPayload, CandidateSpec
+from engine.backend import API_VERSION, BinaryPayload, CandidateSpec, KernelBase, PreparedLaunch
 from engine.errors import DeviceUnavailableError, KernelError, Unsupported
 from engine.plugins import Registry
 from engine.settings import Settings
 
-from engine_cpu import CompilerError, CpuBackend, CpuFusedLaunch, CpuPreparedLaunch, host_target
+from engine_cpu import CompilerError, CpuBackend, CpuFusedLaunch, CpuKernel, CpuPreparedLaunch, host_target
 from engine_cpu.plugin import engine_backends
+from support import check_reference_kernels
 
 KERNELS = r"""
 #include <stdint.h>
@@ -135,7 +138,7 @@ def kernels_so(backend: CpuBackend) -> BinaryPayload:
 def test_backend_declares_the_contract(backend: CpuBackend) -> None:
     assert backend.kind == "cpu"
     assert backend.workspace_slot == 0
-    assert backend.api_version == API_VERSION
+    assert backend.api_version == API_VERSION == (2, 0)
     assert backend.dlpack_device_type == 1
     assert backend.formats == ("elf-so", "c-source")
     assert backend.languages == ("c",)
@@ -147,6 +150,7 @@ def test_backend_declares_the_contract(backend: CpuBackend) -> None:
     assert backend.device() == "cpu"
     assert backend.current_stream() is None
     backend.synchronize()
+    backend.synchronize(0, None)
 
 
 def test_host_target_is_normalised_machine_and_os() -> None:
@@ -186,14 +190,14 @@ def test_plugin_hook_is_cheap_and_reads_thread_env(monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize("nbytes", [0, 1, 63, 64, 1000, 1 << 20])
 def test_allocations_are_aligned_host_memory(backend: CpuBackend, nbytes: int) -> None:
     storage = backend.allocate(nbytes)
-    assert storage.addr % 64 == 0 and storage.addr != 0
+    assert storage.ptr % 64 == 0 and storage.ptr != 0
     assert storage.nbytes == nbytes and storage.device == "cpu"
     assert len(storage.host_view) == nbytes and not storage.readonly
     view = np.frombuffer(storage.host_view, dtype=np.uint8)
     if nbytes:
-        assert view.ctypes.data == storage.addr
+        assert view.ctypes.data == storage.ptr
         view[:] = 0xAB
-        assert ctypes.string_at(storage.addr, 1) == b"\xab"
+        assert ctypes.string_at(storage.ptr, 1) == b"\xab"
     storage.close()
     storage.close()  # safe twice
 
@@ -202,19 +206,19 @@ def test_copies_and_memset_round_trip(backend: CpuBackend) -> None:
     src = np.arange(256, dtype=np.float32)
     a = backend.allocate(src.nbytes)
     b = backend.allocate(src.nbytes)
-    backend.copy_from_host(a.addr, addr(src), src.nbytes)
+    backend.copy_from_host(a.ptr, addr(src), src.nbytes)
     a_view = np.frombuffer(a.host_view, dtype=np.float32)
     np.testing.assert_array_equal(a_view, src)
-    backend.copy_device(b.addr, a.addr, src.nbytes)
+    backend.copy_device(b.ptr, a.ptr, src.nbytes)
     out = np.empty_like(src)
-    backend.copy_to_host(addr(out), b.addr, src.nbytes)
+    backend.copy_to_host(addr(out), b.ptr, src.nbytes)
     np.testing.assert_array_equal(out, src)
-    backend.memset(b.addr, 0, 16)
-    backend.memset(b.addr + 16, 0xFF, 4)
+    backend.memset(b.ptr, 0, 16)
+    backend.memset(b.ptr + 16, 0xFF, 4)
     b_bytes = np.frombuffer(b.host_view, dtype=np.uint8)
     assert not b_bytes[:16].any() and (b_bytes[16:20] == 0xFF).all()
     np.testing.assert_array_equal(np.frombuffer(b.host_view, dtype=np.float32)[5:], src[5:])
-    backend.copy_from_host(a.addr, addr(src), 0)  # zero bytes is a no-op
+    backend.copy_from_host(a.ptr, addr(src), 0)  # zero bytes is a no-op
 
 
 def test_allocator_refuses_bad_arguments(backend: CpuBackend) -> None:
@@ -224,9 +228,39 @@ def test_allocator_refuses_bad_arguments(backend: CpuBackend) -> None:
         backend.allocate(16, device_index=1)
     s = backend.allocate(16)
     with pytest.raises(ValueError, match="byte"):
-        backend.memset(s.addr, 256, 16)
+        backend.memset(s.ptr, 256, 16)
     with pytest.raises(ValueError, match="non-negative"):
-        backend.copy_device(s.addr, s.addr, -5)
+        backend.copy_device(s.ptr, s.ptr, -5)
+
+
+def test_prepare_allocation_gives_fresh_aligned_storages(backend: CpuBackend) -> None:
+    allocate = backend.prepare_allocation(100, 0, None)
+    first, second = allocate(), allocate()
+    for storage in (first, second):
+        assert storage.ptr % 64 == 0 and storage.nbytes == 100 and storage.device == "cpu"
+        assert len(storage.host_view) == 100 and storage.stream is None
+    assert first.ptr != second.ptr
+    assert backend.prepare_allocation(0)().nbytes == 0
+    with pytest.raises(ValueError, match="non-negative int"):
+        backend.prepare_allocation(-1)
+    with pytest.raises(ValueError, match="non-negative int"):
+        backend.prepare_allocation(True)
+    with pytest.raises(DeviceUnavailableError, match="cpu:1"):
+        backend.prepare_allocation(16, device_index=1)
+
+
+def test_events_on_a_synchronous_device(backend: CpuBackend, kernels_so: BinaryPayload) -> None:
+    kernel = backend.load_kernel(spec_for(kernels_so, "mul2"))
+    x = np.ones(64, np.float32)
+    start, end = backend.create_event(0), backend.create_event(0)
+    start.record(None)
+    kernel.launch([addr(x), addr(x)], [64], None, None)
+    end.record(None)
+    end.wait(None)
+    end.synchronize()
+    assert start.query() and end.query()
+    assert start.elapsed_ms(end) >= 0
+    np.testing.assert_array_equal(x, 2)  # the work recorded before the event is done
 
 
 # -- compiler ----------------------------------------------------------------------------------
@@ -293,7 +327,7 @@ def test_tampered_cache_files_are_detected_and_rebuilt(tmp_path: Path) -> None:
     assert extracted.read_bytes() == good  # rewritten after the hash check failed
     x = np.ones(4, np.float32)
     y = np.zeros(4, np.float32)
-    kernel.launch([addr(x), addr(x), addr(y)], [4], 0, None)
+    kernel.launch([addr(x), addr(x), addr(y)], [4], None, None)
     np.testing.assert_array_equal(y, 2)
 
 
@@ -315,7 +349,7 @@ CONCURRENT_SCRIPT = textwrap.dedent(r"""
     x = np.arange(1000, dtype=np.float32)
     for k in (k1, k2):
         y = np.zeros_like(x)
-        k.launch([x.ctypes.data, x.ctypes.data, y.ctypes.data], [1000], 0, None)
+        k.launch([x.ctypes.data, x.ctypes.data, y.ctypes.data], [1000], None, None)
         assert (y == 2 * x).all()
     print("OK", b.compiler.invocations)
 """)
@@ -354,12 +388,13 @@ def test_launch_and_prepared_call_with_patched_tensors(backend: CpuBackend, kern
     a = np.arange(100, dtype=np.float32)
     b = np.full(100, 0.5, np.float32)
     c = np.zeros(100, np.float32)
-    kernel.launch([addr(a), addr(b), addr(c)], [100], 0, None)
+    kernel.launch([addr(a), addr(b), addr(c)], [100], None, None)
     np.testing.assert_array_equal(c, a + b)
 
     c2 = np.zeros(100, np.float32)
-    prepared = kernel.prepare([addr(a), addr(b), addr(c2)], [50], 0, None)
-    assert isinstance(prepared, CpuPreparedLaunch)
+    prepared = kernel.prepare([addr(a), addr(b), addr(c2)], [50], None, None)
+    assert isinstance(kernel, CpuKernel) and isinstance(kernel, KernelBase)
+    assert isinstance(prepared, CpuPreparedLaunch) and isinstance(prepared, PreparedLaunch)
     assert prepared.call() == 0
     np.testing.assert_array_equal(c2[:50], (a + b)[:50])
     assert not c2[50:].any()  # the symbol value bound n = 50
@@ -379,7 +414,7 @@ def test_prepared_call_costs_no_more_than_a_direct_ctypes_call(backend: CpuBacke
                                                                kernels_so: BinaryPayload) -> None:
     kernel = backend.load_kernel(spec_for(kernels_so, "ws_is_null", inputs=0, outputs=1, symbols=("n",)))
     x = np.zeros(1, np.float32)
-    prepared = kernel.prepare([addr(x)], [1], 0, None)
+    prepared = kernel.prepare([addr(x)], [1], None, None)
     direct = ctypes.CDLL(str(kernel.library.path))["ws_is_null"]  # untyped, as bare as ctypes gets
     direct.restype = ctypes.c_int32
     tensors, symbols = (ctypes.c_void_p * 1)(addr(x)), (ctypes.c_int64 * 1)(1)
@@ -404,21 +439,22 @@ def test_workspace_is_passed_or_null(backend: CpuBackend, kernels_so: BinaryPayl
     kernel = backend.load_kernel(spec_for(kernels_so, "triple_ws", workspace=True))
     x = np.arange(64, dtype=np.float32)
     y = np.zeros(64, np.float32)
-    kernel.launch([addr(x), addr(y)], [64], ws.addr, None)
+    kernel.launch([addr(x), addr(y)], [64], ws.ptr, None)
     np.testing.assert_array_equal(y, 3 * x)
-    with pytest.raises(KernelError, match="code 11"):  # address 0 means no workspace: NULL
-        kernel.launch([addr(x), addr(y)], [64], 0, None)
+    for null in (None, 0):  # None is the null pointer; address 0 reads as NULL too
+        with pytest.raises(KernelError, match="code 11"):
+            kernel.launch([addr(x), addr(y)], [64], null, None)
     no_ws = backend.load_kernel(spec_for(kernels_so, "ws_is_null", inputs=0, outputs=0, symbols=()))
-    no_ws.launch([], [], ws.addr, None)  # has_workspace False: NULL whatever the address
-    assert no_ws.prepare([], [], ws.addr, None).workspace_addr == 0
+    no_ws.launch([], [], ws.ptr, None)  # has_workspace False: NULL whatever the address
+    assert no_ws.prepare([], [], ws.ptr, None).workspace_addr == 0
 
 
 def test_failure_code_raises_kernel_error_with_context(backend: CpuBackend, kernels_so: BinaryPayload) -> None:
     spec = spec_for(kernels_so, "fail7", name="matmul", index=3, inputs=0, outputs=0, symbols=())
     kernel = backend.load_kernel(spec)
     with pytest.raises(KernelError, match=r"kernel 'matmul' candidate 3 \(entry 'fail7'\) on cpu .*code 7"):
-        kernel.launch([], [], 0, None)
-    prepared = kernel.prepare([], [], 0, None)
+        kernel.launch([], [], None, None)
+    prepared = kernel.prepare([], [], None, None)
     code = prepared.call()
     assert code == 7
     with pytest.raises(KernelError, match="code 7"):
@@ -427,10 +463,10 @@ def test_failure_code_raises_kernel_error_with_context(backend: CpuBackend, kern
 
 def test_argument_counts_are_checked(backend: CpuBackend, kernels_so: BinaryPayload) -> None:
     kernel = backend.load_kernel(spec_for(kernels_so, "vadd", inputs=2))
-    with pytest.raises(KernelError, match="2 tensor addresses, expected 3"):
-        kernel.launch([1, 2], [4], 0, None)
+    with pytest.raises(KernelError, match="2 tensor pointers, expected 3"):
+        kernel.launch([1, 2], [4], None, None)
     with pytest.raises(KernelError, match="0 symbol values, expected 1"):
-        kernel.prepare([1, 2, 3], [], 0, None)
+        kernel.prepare([1, 2, 3], [], None, None)
 
 
 def test_foreign_elf_is_skipped_for_c_source(backend: CpuBackend) -> None:
@@ -440,7 +476,7 @@ def test_foreign_elf_is_skipped_for_c_source(backend: CpuBackend) -> None:
     assert kernel.binary.format == "c-source"
     a = np.ones(8, np.float32)
     c = np.zeros(8, np.float32)
-    kernel.launch([addr(a), addr(a), addr(c)], [8], 0, None)
+    kernel.launch([addr(a), addr(a), addr(c)], [8], None, None)
     np.testing.assert_array_equal(c, 2)
 
 
@@ -451,7 +487,7 @@ def test_foreign_elf_alone_is_refused_clearly(backend: CpuBackend) -> None:
     with pytest.raises(KernelError) as info:
         backend.load_kernel(spec_for(binaries, "mm", name="matmul"))
     message = str(info.value)
-    assert message.startswith("kernel 'matmul' candidate 0 (entry 'mm'): no loadable binary: ")
+    assert message.startswith("kernel 'matmul' candidate 0 (entry 'mm'): no loadable binary for cpu:0: ")
     assert f"mm.so (elf-so, {other}): this machine is {host_target()}" in message
     assert "mm.cubin (cubin, sm_90): format 'cubin' is not one of cpu's formats" in message
     assert message.endswith("rebuild the bundle or ship a c-source binary")
@@ -498,6 +534,40 @@ def test_loadable_reports_reasons(backend: CpuBackend) -> None:
     assert "one device" in backend.loadable("elf-so", host_target(), device_index=2)
 
 
+def test_a_second_cpu_device_is_refused(backend: CpuBackend, kernels_so: BinaryPayload) -> None:
+    with pytest.raises(KernelError, match=r"no loadable binary for cpu:1: .*one device, cpu:0"):
+        backend.load_kernel(spec_for(kernels_so, "vadd", inputs=2), 1)
+
+
+class _BuggyBackend(CpuBackend):
+    """A plugin whose loader has a bug (not a KernelError)."""
+
+    def _load_binary(self, spec: CandidateSpec, binary: BinaryPayload, device_index: int) -> CpuKernel:
+        raise ZeroDivisionError("division by zero in the loader")
+
+
+def test_a_plugin_bug_in_load_binary_becomes_a_kernel_error(tmp_path: Path) -> None:
+    backend = _BuggyBackend(cache_dir=tmp_path)
+    spec = spec_for(c_source(KERNELS, "vadd.c"), "vadd", name="matmul", inputs=2)
+    with pytest.raises(KernelError) as info:
+        backend.load_kernel(spec)
+    message = str(info.value)
+    assert "kernel 'matmul' candidate 0 (entry 'vadd')" in message
+    assert "vadd.c (c-source, any)" in message
+    assert "ZeroDivisionError: division by zero in the loader" in message
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_reference_kernels_compute_what_engine_testing_documents(backend: CpuBackend) -> None:
+    refs = backend.reference_kernels()
+    assert set(refs) == {"add", "scale_ws", "busy", "fail_code", "mlp_matmul", "mlp_bias_relu", "mlp_bias_add",
+                         "mlp_softmax"}
+    assert all(ref.language == "c" and ref.launch is None for ref in refs.values())
+    assert refs["mlp_softmax"].options == {"flags": ["-lm"]}
+    assert len(refs["mlp_matmul"].entries) == 2
+    check_reference_kernels(backend)
+
+
 def test_one_library_per_shared_object(backend: CpuBackend, kernels_so: BinaryPayload) -> None:
     kernels = [backend.load_kernel(spec_for(kernels_so, entry, name=f"k{i}"))
                for i, entry in enumerate(["mul2", "add1", "square"] * 100)]
@@ -517,14 +587,14 @@ def test_threads_launch_the_same_kernel_concurrently(backend: CpuBackend, kernel
             a = np.full(n, seed, np.float32)
             b = np.arange(n, dtype=np.float32)
             c = np.zeros(n, np.float32)
-            prepared = kernel.prepare([addr(a), addr(b), addr(c)], [n], 0, None)
+            prepared = kernel.prepare([addr(a), addr(b), addr(c)], [n], None, None)
             barrier.wait()
             for i in range(200):
                 a[:] = seed + i
                 if i % 2:
                     assert prepared.call() == 0
                 else:
-                    kernel.launch([addr(a), addr(b), addr(c)], [n], 0, None)
+                    kernel.launch([addr(a), addr(b), addr(c)], [n], None, None)
                 np.testing.assert_array_equal(c, b + (seed + i))
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             errors.append(exc)
@@ -539,7 +609,7 @@ def test_threads_launch_the_same_kernel_concurrently(backend: CpuBackend, kernel
 
 def test_kernel_calls_release_the_gil(backend: CpuBackend) -> None:
     kernel = backend.load_kernel(spec_for(c_source(SLEEPER), "nap", inputs=0, outputs=0))
-    prepared = [kernel.prepare([], [300], 0, None) for _ in range(4)]
+    prepared = [kernel.prepare([], [300], None, None) for _ in range(4)]
     threads = [threading.Thread(target=p.call) for p in prepared]
     start = time.perf_counter()
     for t in threads:
@@ -556,10 +626,10 @@ def test_openmp_kernel_with_two_threads(tmp_path: Path) -> None:
     a = np.random.default_rng(0).random(n)
     b = np.random.default_rng(1).random(n)
     c = np.zeros(n)
-    kernel.launch([addr(a), addr(b), addr(c)], [n], 0, None)
+    kernel.launch([addr(a), addr(b), addr(c)], [n], None, None)
     np.testing.assert_array_equal(c, a + b)
     c[:] = 0
-    assert kernel.prepare([addr(a), addr(b), addr(c)], [n], 0, None).call() == 0
+    assert kernel.prepare([addr(a), addr(b), addr(c)], [n], None, None).call() == 0
     np.testing.assert_array_equal(c, a + b)
     (payload,) = backend.compile(OPENMP, "c", {"openmp": True})
     assert b"omp_get_max_threads" in bytes(payload.data)
@@ -574,13 +644,13 @@ def test_openmp_thread_count_applies_in_loading_and_launching_threads(tmp_path: 
     def load_and_run() -> None:
         kernel = backend.load_kernel(spec)
         out = np.zeros(1, np.int32)
-        kernel.launch([addr(out)], [], 0, None)
+        kernel.launch([addr(out)], [], None, None)
         seen["loader"] = int(out[0])
         seen["kernel"] = kernel  # type: ignore[assignment]
 
     def run_elsewhere() -> None:
         out = np.zeros(1, np.int32)
-        prepared = seen["kernel"].prepare([addr(out)], [], 0, None)  # type: ignore[attr-defined]
+        prepared = seen["kernel"].prepare([addr(out)], [], None, None)  # type: ignore[attr-defined]
         prepared.call()
         seen["other"] = int(out[0])
 
@@ -597,7 +667,7 @@ def _chain(backend: CpuBackend, payload: BinaryPayload, entries, n: int):
     launches = []
     for i, entry in enumerate(entries):
         kernel = backend.load_kernel(spec_for(payload, entry, name=f"step{i}"))
-        launches.append(kernel.prepare([addr(bufs[i]), addr(bufs[i + 1])], [n], 0, None))
+        launches.append(kernel.prepare([addr(bufs[i]), addr(bufs[i + 1])], [n], None, None))
     return bufs, launches
 
 
@@ -651,6 +721,6 @@ def test_fuse_refuses_foreign_launches(backend: CpuBackend, kernels_so: BinaryPa
 def test_time_returns_millisecond_samples(backend: CpuBackend, kernels_so: BinaryPayload) -> None:
     kernel = backend.load_kernel(spec_for(kernels_so, "mul2"))
     x = np.ones(1024, np.float32)
-    prepared = kernel.prepare([addr(x), addr(x)], [1024], 0, None)
+    prepared = kernel.prepare([addr(x), addr(x)], [1024], None, None)
     samples = backend.time(prepared.call, warmup=2, repeat=5)
     assert len(samples) == 5 and all(s >= 0 for s in samples)

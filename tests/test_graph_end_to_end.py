@@ -260,7 +260,7 @@ def test_weights_survive_save_and_load_bit_exact(tmp_path, registry, dtype):
 def test_weights_are_memory_mapped_not_copied(mlp_bundle, registry):
     graph = engine.load_compiled_graph(mlp_bundle, registry=registry)
     w1 = graph.weights[0]
-    archive = graph._contents.archive
+    archive = graph.runtime.contents.archive
     offset = archive.data_offset("weights.bin")
     assert offset % 4096 == 0
     base = np.frombuffer(archive.map("weights.bin"), np.uint8)

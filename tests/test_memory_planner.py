@@ -328,13 +328,13 @@ def test_random_graphs_match_a_no_reuse_execution(seed, registry):
     spec = bench.random_dag(seed)
     graph = bench.build_dag(spec, registry).build()
     rng = np.random.default_rng(seed)
-    alignment = {k: b.alignment for k, b in graph._backends.items()}
+    alignment = {k: b.alignment for k, b in graph.runtime.devices.backends.items()}
     for _ in range(3):
         env = _env(spec, rng)
         run_and_compare(graph, spec, env, rng)
         key = tuple(env[s] for s in graph.meta.symbols)
-        plan = graph._key_plan(key)
-        check_key_plan(graph._contents, plan, alignment)
+        plan = graph.runtime.key_plan(key)
+        check_key_plan(graph.runtime.contents, plan, alignment)
         for t in range(len(spec.tensors)):
             assert plan.shapes[t] == bench.shape_at(spec, t, env)
 
@@ -349,10 +349,10 @@ def test_plans_are_cached_per_key_and_deterministic(dag_graph, registry):
     spec, graph = dag_graph
     other = engine.load_compiled_graph(graph.to_bytes(), registry=registry)
     keys = [tuple(int(v) for v in np.random.default_rng(i).integers(1, 200, len(spec.symbols))) for i in range(6)]
-    first = [graph._key_plan(k) for k in keys]
-    second = [other._key_plan(k) for k in reversed(keys)][::-1]
+    first = [graph.runtime.key_plan(k) for k in keys]
+    second = [other.runtime.key_plan(k) for k in reversed(keys)][::-1]
     assert first == second  # whatever order keys arrive in, a key's plan is the same
-    assert all(graph._key_plan(k) is p for k, p in zip(keys, first))
+    assert all(graph.runtime.key_plan(k) is p for k, p in zip(keys, first))
     report = graph.memory_report(**dict(zip(graph.meta.symbols, keys[0])))
     assert report[0].planned_bytes == first[0].workspace_bytes["cpu"]
 
@@ -364,8 +364,8 @@ def test_replayed_keys_stay_near_the_lower_bound(dag_graph):
     ratios = []
     for _ in range(30):
         key = tuple(int(v) for v in rng.integers(1, 300, len(spec.symbols)))
-        plan = graph._key_plan(key)
-        check_key_plan(graph._contents, plan, alignment)
+        plan = graph.runtime.key_plan(key)
+        check_key_plan(graph.runtime.contents, plan, alignment)
         ratios.append(plan.workspace_bytes["cpu"] / plan.lower_bound_bytes["cpu"])
     assert max(ratios) <= 1.10 and statistics.mean(ratios) <= 1.03
 
@@ -382,13 +382,13 @@ def _scratch_chain(registry, n_ops: int, scratch: str = "n * 16"):
 
 def test_scratch_lives_only_during_its_instruction(registry):
     graph = _scratch_chain(registry, 10).build()
-    plan = graph._key_plan((8,))
+    plan = graph.runtime.key_plan((8,))
     # one tensor in, one out and one scratch at a time: three 128-byte blocks at most
     assert plan.lower_bound_bytes["cpu"] == plan.workspace_bytes["cpu"] == 3 * 128
     assert plan.no_reuse_bytes["cpu"] == (9 + 10) * 128
     offsets = {s[1] for s in plan.scratch}
     assert len(offsets) <= 3
-    check_key_plan(graph._contents, plan, {"cpu": 64})
+    check_key_plan(graph.runtime.contents, plan, {"cpu": 64})
 
 
 def test_a_template_key_uses_its_own_plan(registry):

@@ -1,6 +1,6 @@
 """Plans over two device kinds (issue 3): each kind's intermediates and scratch in its own workspace slot.
 
-The second kind is ``hostdev`` from ``support.py``: host memory under its own kind name and slot 3,
+The second kind is ``hostdev`` from ``support.py``: host memory under its own kind name and slot 4 (3 is reserved for opencl),
 registered by the test suite, not by an installed plugin (the shape a third-party plugin takes).
 A third kind declared here, ``hostdev256``, asks for 256-byte alignment, as GPU backends do.
 """
@@ -26,18 +26,13 @@ from engine.runtime.plan import WORKSPACE  # noqa: E402
 
 
 class Host256Backend(HostKindBackend):
-    """Like hostdev, but with 256-byte alignment (allocations and planned offsets) and slot 5; counts
-    ``synchronize`` calls."""
+    """Like hostdev, but with 256-byte alignment (allocations and planned offsets) and slot 5."""
 
     kind = "hostdev256"
     workspace_slot = 5
     alignment = 256
-    syncs = 0
 
-    def synchronize(self, device_index: int = 0) -> None:
-        type(self).syncs += 1
-
-    def _allocate(self, nbytes: int, device_index: int) -> Storage:
+    def _allocate(self, nbytes: int, device_index: int, stream: object = None) -> Storage:
         buf = np.empty(nbytes + 256, np.uint8)
         addr = buf.ctypes.data
         return Storage(self.device(device_index), addr + (-addr % 256), nbytes, owner=buf)
@@ -87,8 +82,8 @@ def test_each_kind_plans_into_its_own_slot(registry2):
     rng = np.random.default_rng(0)
     for n in (1, 9, 4, 30):
         run_and_compare(graph, spec, {"n": n}, rng)
-        plan = graph._key_plan((n,))
-        check_key_plan(graph._contents, plan, {"cpu": 64, "hostdev": 64})
+        plan = graph.runtime.key_plan((n,))
+        check_key_plan(graph.runtime.contents, plan, {"cpu": 64, "hostdev": 64})
         ex = graph.graph_execution
         for t, (where, _, kind) in enumerate(plan.placements):
             if where == WORKSPACE:
@@ -96,13 +91,13 @@ def test_each_kind_plans_into_its_own_slot(registry2):
         assert set(plan.workspace_bytes) == {"cpu", "hostdev"}
         assert plan.scratch[0][0] == "cpu" and plan.scratch[2][0] == "hostdev" and plan.scratch[3][0] == "hostdev"
     # one workspace per kind, allocated by that kind's backend, in the running thread
-    workspaces = graph._local.state.workspaces
-    assert {k: w.device.kind for k, w in workspaces.items()} == {"cpu": "cpu", "hostdev": "hostdev"}
+    workspaces = graph.runtime.lane().workspaces
+    assert {k: w.storages[0].device.kind for k, w in workspaces.items()} == {"cpu": "cpu", "hostdev": "hostdev"}
     report = graph.memory_report(n=30)
-    assert {slot: m.kind for slot, m in report.items()} == {0: "cpu", 3: "hostdev"}
+    assert {slot: m.kind for slot, m in report.items()} == {0: "cpu", 4: "hostdev"}
     for m in report.values():
         assert 0 < m.lower_bound_bytes <= m.planned_bytes <= m.no_reuse_bytes
-        assert m.planned_bytes == graph._key_plan((30,)).workspace_bytes[m.kind]
+        assert m.planned_bytes == graph.runtime.key_plan((30,)).workspace_bytes[m.kind]
 
 
 @given(seed=st.integers(0, 2**31 - 1))
@@ -114,7 +109,7 @@ def test_random_two_kind_graphs(seed, registry2):
     for _ in range(3):
         env = {s: int(rng.integers(1, 41)) for s in spec.symbols}
         run_and_compare(graph, spec, env, rng)
-        check_key_plan(graph._contents, graph._key_plan(tuple(env[s] for s in graph.meta.symbols)),
+        check_key_plan(graph.runtime.contents, graph.runtime.key_plan(tuple(env[s] for s in graph.meta.symbols)),
                        {"cpu": 64, "hostdev": 64})
 
 
@@ -124,18 +119,19 @@ def test_a_kind_declares_its_own_alignment(registry256):
     rng = np.random.default_rng(1)
     for n in (3, 17):
         run_and_compare(graph, spec, {"n": n}, rng)
-        plan = graph._key_plan((n,))
-        check_key_plan(graph._contents, plan, {"cpu": 64, "hostdev256": 256})
+        plan = graph.runtime.key_plan((n,))
+        check_key_plan(graph.runtime.contents, plan, {"cpu": 64, "hostdev256": 256})
         offsets = [index for where, index, kind in plan.placements if where == WORKSPACE and kind == "hostdev256"]
         offsets += [s[1] for s in plan.scratch if s is not None and s[0] == "hostdev256"]
         assert offsets and all(o % 256 == 0 for o in offsets)
         assert any(o % 256 for o in (plan.nbytes[t] for t in range(len(plan.nbytes))))  # sizes are not
-    state = graph._local.state
-    assert state.workspaces["hostdev256"].addr % 256 == 0
-    syncs = Host256Backend.syncs
-    graph._ensure_workspaces(state, graph._key_plan((5,)))  # fits: nothing happens
-    assert Host256Backend.syncs == syncs
-    graph._ensure_workspaces(state, graph._key_plan((500,)))  # grows: queued work is waited for first
-    assert Host256Backend.syncs == syncs + 1 and state.workspaces["hostdev256"].addr % 256 == 0
+    runtime = graph.runtime
+    lane = runtime.lane()
+    first = lane.workspaces["hostdev256"]
+    assert first.base % 256 == 0
+    runtime.ensure_workspaces(lane, runtime.key_plan((5,)))  # fits: nothing happens
+    assert lane.workspaces["hostdev256"] is first
+    runtime.ensure_workspaces(lane, runtime.key_plan((500,)))  # grows: a new one, as aligned
+    assert lane.workspaces["hostdev256"] is not first and lane.workspaces["hostdev256"].base % 256 == 0
     report = graph.memory_report(n=17)
     assert report[5].kind == "hostdev256" and report[0].kind == "cpu"

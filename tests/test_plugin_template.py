@@ -2,12 +2,14 @@
 
 It is registered the way the entry point would register it, then used end to end: build a
 bundle on device "template", save it, load it and compare against numpy, also with builtin copies
-between the cpu and "template". Two broken plugins check the registry's isolation: one whose hook
-raises, one that speaks another API major.
+between the cpu and "template". Broken plugins check the registry's isolation: one whose hook
+raises, ones that speak another API major, one that takes a reserved workspace slot. Binary
+selection (``BackendBase.load_kernel``) is checked with shared objects that really fail to open.
 """
 
 from __future__ import annotations
 
+import ast
 import sys
 import types
 from pathlib import Path
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine.backend import BackendBase, BinaryPayload, CandidateSpec
+from engine.backend import BackendBase, BinaryPayload, CandidateSpec, KernelBase
 from engine.build import GraphBuilder
 from engine.plugins import Registry
 from engine.settings import Settings
@@ -26,6 +28,7 @@ sys.path.insert(0, str(TEMPLATE_DIR))
 
 import engine_template.plugin as template_plugin  # noqa: E402 - needs the sys.path entry above
 from engine_template import TemplateBackend  # noqa: E402
+from support import check_reference_kernels  # noqa: E402
 
 VADD_C = r"""
 #include <stdint.h>
@@ -55,7 +58,7 @@ def test_devices_lists_the_template_kind(registry: Registry) -> None:
     row = rows["template"]
     assert row.available and row.reason is None
     assert row.workspace_slot == 7 and row.device_count == 1
-    assert row.api_version == (1, 0)
+    assert row.api_version == (2, 0) == engine.backend.API_VERSION
     assert isinstance(registry.backend("template"), TemplateBackend)
 
 
@@ -106,19 +109,73 @@ def test_first_loadable_binary_wins_and_none_is_a_clear_error(registry: Registry
     spec = CandidateSpec("vadd", 0, "vadd", (foreign, source), None, 2, 1, ("n",), False)
     kernel = backend.load_kernel(spec)
     assert kernel.binary.path == "vadd.c"  # the foreign object was skipped, the source compiled
+    assert isinstance(kernel, KernelBase)
 
     a, c = np.arange(5, dtype=np.float32), np.full(5, 2.0, np.float32)
-    bufs = [backend.allocate(20) for _ in range(3)]
-    backend.copy_from_host(bufs[0].addr, a.ctypes.data, 20)
-    backend.copy_from_host(bufs[1].addr, c.ctypes.data, 20)
-    kernel.launch([s.addr for s in bufs], [5], 0, backend.current_stream())
+    stream = backend.current_stream()
+    bufs = [backend.allocate(20, 0, stream) for _ in range(3)]
+    backend.copy_from_host(bufs[0].ptr, a.ctypes.data, 20, stream)
+    backend.copy_from_host(bufs[1].ptr, c.ctypes.data, 20, stream)
+    kernel.launch([s.ptr for s in bufs], [5], None, stream)
     out = np.empty(5, np.float32)
-    backend.copy_to_host(out.ctypes.data, bufs[2].addr, 20)
+    backend.copy_to_host(out.ctypes.data, bufs[2].ptr, 20, stream)
+    backend.synchronize(0, stream)
     np.testing.assert_array_equal(out, a + c)
 
     nothing = CandidateSpec("vadd", 1, "vadd", (foreign,), None, 2, 1, ("n",), False)
     with pytest.raises(engine.KernelError, match=r"kernel 'vadd' candidate 1 .*vadd.so \(elf-so, sparc64-linux\)"):
         backend.load_kernel(nothing)
+
+
+def _unresolved_object(backend: TemplateBackend, missing: str, path: str) -> BinaryPayload:
+    """A real shared object for this machine that dlopen refuses (an unresolved symbol)."""
+    (payload,) = backend.compile(f"int {missing}(void);\nint vadd(void) {{ return {missing}(); }}\n", "c")
+    return BinaryPayload(payload.format, payload.target, path, payload.data)
+
+
+def test_a_binary_that_does_not_open_moves_selection_to_the_next(registry: Registry) -> None:
+    backend = registry.backend("template")
+    broken = _unresolved_object(backend, "missing_a", "a.so")
+    assert backend.loadable(broken.format, broken.target) is None  # it looks loadable ...
+    source = BinaryPayload("c-source", "any", "vadd.c", VADD_C.encode())
+    kernel = backend.load_kernel(CandidateSpec("vadd", 0, "vadd", (broken, source), None, 2, 1, ("n",), False))
+    assert kernel.binary is source  # ... but _load_binary refused it (BinaryRefused), so the source won
+
+    also_broken = _unresolved_object(backend, "missing_b", "b.so")
+    with pytest.raises(engine.KernelError) as info:
+        backend.load_kernel(CandidateSpec("vadd", 2, "vadd", (broken, also_broken), None, 2, 1, ("n",), False))
+    message = str(info.value)
+    assert message.startswith("kernel 'vadd' candidate 2 (entry 'vadd'): no loadable binary for template:0: ")
+    assert "a.so (elf-so, " in message and "missing_a" in message
+    assert "b.so (elf-so, " in message and "missing_b" in message
+    assert message.index("missing_a") < message.index("missing_b")  # in the bundle's order
+    assert "cannot open the shared object" in message
+    assert message.endswith("or ship a c-source binary")
+
+
+def test_reference_kernels_run_on_the_template(registry: Registry) -> None:
+    backend = registry.backend("template")
+    refs = backend.reference_kernels()
+    assert {"add", "scale_ws", "busy", "fail_code", "mlp_matmul", "mlp_softmax"} <= set(refs)
+    check_reference_kernels(backend)
+
+
+def test_the_template_uses_only_the_public_engine_api() -> None:
+    # A vendor's plugin cannot import the CPU plugin or the engine's private names; neither may the template.
+    for module in sorted((TEMPLATE_DIR / "engine_template").glob("*.py")):
+        tree = ast.parse(module.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [(alias.name, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [(node.module or "", alias.name) for alias in node.names]
+            else:
+                continue
+            for source, name in names:
+                parts = [*source.split("."), *name.split(".")]
+                assert parts[0] != "engine_cpu", f"{module.name} imports {source}"
+                if parts[0] == "engine":
+                    assert not any(part.startswith("_") for part in parts), f"{module.name} imports {source}.{name}"
 
 
 def _plugin_module(name: str, hook) -> types.ModuleType:
@@ -141,23 +198,58 @@ def test_a_plugin_whose_hook_raises_is_isolated(registry: Registry, tmp_path: Pa
     _vadd_round_trip(registry, tmp_path / "vadd.cgb")  # the healthy plugin still works
 
 
-class _FutureBackend(BackendBase):
-    kind = "future"
-    workspace_slot = 8
-    api_version = (2, 0)
-
+class _RefusedBackend(BackendBase):
     def availability(self):
         raise AssertionError("a refused backend is never asked anything")
 
 
-def test_a_backend_of_another_api_major_is_refused(registry: Registry) -> None:
+class _FutureBackend(_RefusedBackend):
+    kind = "future"
+    workspace_slot = 8
+    api_version = (3, 0)
+
+
+class _OldBackend(_RefusedBackend):
+    kind = "old"
+    workspace_slot = 9
+    api_version = (1, 0)
+
+
+class _SlotThreeBackend(_RefusedBackend):
+    kind = "slotthree"
+    workspace_slot = 3
+
+
+def test_a_backend_for_a_newer_api_major_is_refused(registry: Registry) -> None:
     registry.register_plugin(_plugin_module("future_plugin", lambda: [_FutureBackend()]))
     row = next(r for r in engine.devices(registry) if r.kind == "future")
     assert not row.available
-    assert "speaks plugin API 2.0, this engine speaks 1.0" in row.reason
-    with pytest.raises(engine.PluginError, match=r"'future'.*speaks plugin API 2\.0.*upgrade"):
+    assert "speaks plugin API 3.0, this engine speaks 2.0" in row.reason
+    assert "upgrade the engine" in row.reason
+    with pytest.raises(engine.PluginError, match=r"'future'.*speaks plugin API 3\.0.*upgrade the engine"):
         registry.backend("future")
     assert registry.backend("template") is not None
+
+
+def test_a_backend_for_api_1_is_told_to_upgrade_and_what_changed(registry: Registry) -> None:
+    registry.register_plugin(_plugin_module("old_plugin", lambda: [_OldBackend()]), distribution="engine-old")
+    row = next(r for r in engine.devices(registry) if r.kind == "old")
+    assert not row.available and row.distribution == "engine-old"
+    assert "speaks plugin API 1.0, this engine speaks 2.0" in row.reason
+    assert "upgrade the plugin" in row.reason
+    assert "2.0:" in row.reason and "DevicePtr" in row.reason and "_load_binary" in row.reason
+    with pytest.raises(engine.PluginError, match=r"'old'.*upgrade the plugin"):
+        registry.backend("old")
+    assert registry.kinds() == ["template"]
+
+
+def test_a_third_party_kind_on_the_opencl_slot_is_refused(registry: Registry) -> None:
+    registry.register_plugin(_plugin_module("slot_plugin", lambda: [_SlotThreeBackend()]))
+    row = next(r for r in engine.devices(registry) if r.kind == "slotthree")
+    assert not row.available
+    assert "declares 3" in row.reason and "opencl 3" in row.reason
+    with pytest.raises(engine.PluginError, match=r"'slotthree'.*workspace slot"):
+        registry.backend("slotthree")
 
 
 def test_builtin_copies_between_cpu_and_template(registry: Registry) -> None:

@@ -71,7 +71,7 @@ def test_each_stream_gets_its_own_workspace(tmp_path):
         backend.use_stream(stream)
         (y,) = graph.run_async([x])
         np.testing.assert_array_equal(y.numpy(), np.arange(8) * 2 + 1)
-        workspaces.setdefault(stream, set()).add(graph._local.state.workspaces["streamdev"].addr)
+        workspaces.setdefault(stream, set()).add(graph.runtime.lane().workspaces["streamdev"].base)
     assert len(workspaces[1]) == 1 and len(workspaces[2]) == 1  # reused per stream ...
     assert workspaces[1] != workspaces[2]                          # ... and distinct across streams
     stats = graph.run_stats()
@@ -80,4 +80,4 @@ def test_each_stream_gets_its_own_workspace(tmp_path):
 
 def test_cpu_only_graphs_never_ask_for_streams(mlp_bundle, registry):
     graph = engine.load_compiled_graph(mlp_bundle, registry=registry)
-    assert graph._stream_kinds == ()
+    assert graph.runtime.devices.stream_kinds == ()

@@ -56,36 +56,36 @@ class HostBackend(BackendBase):
     def availability(self) -> Availability:
         return Availability(True, 2, ("test host 0", "test host 1"))
 
-    def _allocate(self, nbytes: int, device_index: int) -> Storage:
+    def _allocate(self, nbytes: int, device_index: int, stream: object) -> Storage:
         raw = np.empty(nbytes + self.alignment, np.uint8)
         start = (-raw.ctypes.data) % self.alignment
         buf = raw[start:start + nbytes]
         view = memoryview(buf) if self.host_accessible else None
         self.calls["allocate"] += 1
-        return Storage(self.device(device_index), buf.ctypes.data, nbytes, host_view=view, owner=raw)
+        return Storage(self.device(device_index), buf.ctypes.data, nbytes, host_view=view, owner=raw, stream=stream)
 
-    def copy_from_host(self, dst_addr: int, src_addr: int, nbytes: int, stream: object = None) -> None:
+    def copy_from_host(self, dst: int, src_host: int, nbytes: int, stream: object = None) -> None:
         self.calls["copy_from_host"] += 1
-        ctypes.memmove(dst_addr, src_addr, nbytes)
+        ctypes.memmove(dst, src_host, nbytes)
 
-    def copy_to_host(self, dst_addr: int, src_addr: int, nbytes: int, stream: object = None) -> None:
+    def copy_to_host(self, dst_host: int, src: int, nbytes: int, stream: object = None) -> None:
         self.calls["copy_to_host"] += 1
-        ctypes.memmove(dst_addr, src_addr, nbytes)
+        ctypes.memmove(dst_host, src, nbytes)
 
-    def copy_device(self, dst_addr: int, src_addr: int, nbytes: int, stream: object = None) -> None:
+    def copy_device(self, dst: int, src: int, nbytes: int, stream: object = None) -> None:
         self.calls["copy_device"] += 1
-        ctypes.memmove(dst_addr, src_addr, nbytes)
+        ctypes.memmove(dst, src, nbytes)
 
-    def memset(self, addr: int, value: int, nbytes: int, stream: object = None) -> None:
-        ctypes.memset(addr, value, nbytes)
+    def memset(self, dst: int, value: int, nbytes: int, stream: object = None) -> None:
+        ctypes.memset(dst, value, nbytes)
 
-    def synchronize(self, device_index: int = 0) -> None:
+    def synchronize(self, device_index: int = 0, stream: object = None) -> None:
         self.calls["synchronize"] += 1
 
 
 class FakeDevBackend(HostBackend):
     kind = "fakedev"
-    workspace_slot = 3
+    workspace_slot = 5  # third-party kinds: >= 3 and not reserved (3 is opencl's)
     dlpack_device_type = FAKEDEV_DLPACK_TYPE
     host_accessible = False
 

@@ -116,7 +116,7 @@ def test_tune_instruction_drops_clearly_slower_candidates_and_times_through_back
             self.calls: list[tuple[int, int]] = []
             self.current = -1
 
-        def time(self, fn, *, warmup, repeat, device_index=0):
+        def time(self, fn, *, stream=None, warmup, repeat, device_index=0):
             fn()
             self.calls.append((self.current, repeat))
             return [{0: 3.0, 1: 1.0, 2: 1.05}[self.current]] * repeat

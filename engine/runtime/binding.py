@@ -72,7 +72,7 @@ class InputBinder:
                 if x.device != spec.device:
                     raise InputError(f"{spec.name}: expected a tensor on {spec.device}, got one on {x.device}; "
                                      f"move it with .to('{spec.device}')")
-                addr = x.storage.addr + x.offset
+                addr = x.storage.ptr + x.offset
                 shape = x.shape
             if spec.static_shape is not None:
                 if shape != spec.static_shape:

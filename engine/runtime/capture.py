@@ -13,7 +13,10 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from engine.errors import InputError, Unsupported
+from engine.runtime.context import RunContext
 from engine.runtime.prepared import OutputWrapper, PreparedRun
+from engine.runtime.runtime import GraphRuntime
+from engine.runtime.workspace import Workspace
 from engine.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -28,39 +31,44 @@ class CapturedGraph:
     ``inputs`` and ``outputs`` are the static tensors: write new values into ``inputs`` (or pass
     them to ``__call__``, which copies them in), ``replay()``, read ``outputs``. Every replay
     overwrites the same output buffers. Replays are serialised by a lock (the buffers are shared);
-    the weights are those the graph had at capture time.
+    the weights are those the graph had at capture time. Work is queued on the streams current in
+    the capturing thread (``replay(stream=...)`` may name another stream of a single-kind capture).
     """
 
-    def __init__(self, graph: "CompiledGraph", key: tuple[int, ...], inputs: list[Tensor], outputs: list[Tensor],
-                 replay: Callable[[], None], method: str, keep: list[Any]):
-        self.graph = graph
+    def __init__(self, runtime: GraphRuntime, symbols: Sequence[str], key: tuple[int, ...], inputs: list[Tensor],
+                 outputs: list[Tensor], replay: Callable[[Any], None], method: str, streams: dict[str, object],
+                 keep: list[Any]):
+        self.runtime = runtime
+        self.symbols = tuple(symbols)
         self.key = key
         self.inputs = inputs
         self.outputs = outputs
         self.method = method  # "native launches" or the backend that recorded it
         self._replay = replay
+        self._streams = streams
         self._keep = keep
         self._lock = threading.Lock()
 
-    def replay(self) -> None:
+    def replay(self, stream: Any = None) -> None:
         with self._lock:
-            self._replay()
+            self._replay(stream)
 
     def __call__(self, *inputs: Any) -> Any:
         """Copy ``inputs`` into the static input buffers, replay, return the static outputs."""
         if len(inputs) != len(self.inputs):
             raise InputError(f"the captured graph takes {len(self.inputs)} inputs, got {len(inputs)}")
-        addrs, _, key = self.graph._binder.bind(inputs)
+        ptrs, _, key = self.runtime.binder.bind(inputs)
         if key != self.key:
-            named = ", ".join(f"{s}={v}" for s, v in zip(self.graph.meta.symbols, key))
+            named = ", ".join(f"{s}={v}" for s, v in zip(self.symbols, key))
             raise InputError(f"the graph was captured at {self._key_text()}; these inputs give {named}: capture "
                              f"again for other shapes")
+        devices = self.runtime.devices
         with self._lock:
-            for static, addr in zip(self.inputs, addrs):
-                if static.nbytes and static.addr != addr:
-                    backend = self.graph._backends[static.device.kind]
-                    backend.copy_device(static.addr, addr, static.nbytes, backend.current_stream(static.device.index))
-            self._replay()
+            for static, ptr in zip(self.inputs, ptrs):
+                if static.nbytes and static.ptr != ptr:
+                    kind = static.device.kind
+                    devices.backends[kind].copy_device(static.ptr, ptr, static.nbytes, self._streams.get(kind))
+            self._replay(None)
         return self.outputs[0] if len(self.outputs) == 1 else list(self.outputs)
 
     def close(self) -> None:
@@ -77,54 +85,58 @@ class CapturedGraph:
         self.close()
 
     def _key_text(self) -> str:
-        return ", ".join(f"{s}={v}" for s, v in zip(self.graph.meta.symbols, self.key)) or "its static shapes"
+        return ", ".join(f"{s}={v}" for s, v in zip(self.symbols, self.key)) or "its static shapes"
 
     def __repr__(self) -> str:
         return f"<CapturedGraph at {self._key_text()} ({self.method})>"
 
 
-def _closed() -> None:
+def _closed(stream: Any = None) -> None:
     raise InputError("this captured graph was closed")
 
 
 def capture_graph(graph: "CompiledGraph", example_inputs: Sequence[Any]) -> CapturedGraph:
     graph.run_async(example_inputs)  # tunes (or applies the policy to) this key first
-    addrs, _, key = graph._binder.bind(example_inputs)
-    plan = graph._key_plan(key)
-    choices = graph._choice_for(key)
-    backends, index = graph._backends, graph._device_index
-    streams = {k: b.current_stream(index[k]) for k, b in backends.items()}
+    runtime = graph.runtime
+    devices = runtime.devices
+    ptrs, _, key = runtime.binder.bind(example_inputs)
+    plan = runtime.key_plan(key)
+    choices = graph.choice_for(key)
+    streams = devices.current_streams()
+    backends, index = devices.backends, devices.index
 
     inputs = []
     for i, sig in enumerate(graph.meta.inputs):
         backend = backends[sig.device]
-        storage = backend.allocate(plan.nbytes[i], index[sig.device])
+        stream = streams[sig.device]
+        storage = backend.allocate(plan.nbytes[i], index[sig.device], stream)
         if storage.nbytes:
-            backend.copy_device(storage.addr, addrs[i], storage.nbytes, streams[sig.device])
-        inputs.append(Tensor(storage, sig.dtype, plan.shapes[i], 0, registry=graph._registry))
-    workspaces = {k: backends[k].allocate(n, index[k]) for k, n in plan.workspace_bytes.items()}
-    out_storages = [backends[s.kind].allocate(s.nbytes, index[s.kind]) for s in plan.output_slots]
-    weights = graph._weights_or_raise()
-    run = PreparedRun(graph._contents, plan, graph._tasks, choices, weights, workspaces, streams, backends, index,
-                      graph._registry)
-    static_addrs = [t.addr for t in inputs]
-    run.patch(static_addrs, out_storages)
-    wrapper = OutputWrapper(graph._contents, plan, backends, index, graph._registry)
-    outputs = wrapper.wrap(static_addrs, inputs, out_storages)
+            backend.copy_device(storage.ptr, ptrs[i], storage.nbytes, stream)
+        inputs.append(Tensor(storage, sig.dtype, plan.shapes[i], 0, registry=devices.registry))
+    workspaces = {k: Workspace(backends[k], index[k], n, streams[k], plan.segment_bytes.get(k))
+                  for k, n in plan.workspace_bytes.items()}
+    out_storages = [backends[s.kind].allocate(s.nbytes, index[s.kind], streams[s.kind]) for s in plan.output_slots]
+    weights = runtime.require_weights()
+    ctx = RunContext(runtime.contents, plan, devices, streams, workspaces)
+    run = PreparedRun(ctx, runtime.tasks, choices, weights)
+    static_ptrs = [t.ptr for t in inputs]
+    run.patch(static_ptrs, out_storages)
+    outputs = OutputWrapper(ctx).wrap(static_ptrs, inputs, out_storages)
 
-    replay: Callable[[], None] = run.launch
+    replay: Callable[[Any], None] = lambda stream: run.launch()  # noqa: E731
     method = "native launches"
-    kinds = set(plan.layout.kind) | {t.meta.device for t in graph._tasks}
+    keep: list[Any] = [run, workspaces, out_storages, weights]
+    kinds = set(plan.layout.kind) | {t.meta.device for t in runtime.tasks}
     if len(kinds) == 1:
         (kind,) = kinds
         try:
-            recorded = backends[kind].capture(run.launch, index[kind])
+            recorded = backends[kind].capture(run.launch, stream=streams[kind], device_index=index[kind])
         except Unsupported:
             pass
         else:
-            replay, method = recorded.replay, f"{kind} capture"
-            workspaces["__recorded__"] = recorded  # type: ignore[assignment]  # kept alive with the buffers
-    for kind, backend in backends.items():
-        backend.synchronize(index[kind])
-    keep: list[Any] = [run, workspaces, out_storages, weights]
-    return CapturedGraph(graph, key, inputs, outputs, replay, method, keep)
+            default = streams[kind]
+            replay = lambda stream: recorded.replay(default if stream is None else stream)  # noqa: E731
+            method = f"{kind} capture"
+            keep.append(recorded)
+    devices.synchronize()
+    return CapturedGraph(runtime, graph.meta.symbols, key, inputs, outputs, replay, method, streams, keep)

@@ -1,14 +1,14 @@
 """``CompiledGraph``: a loaded bundle bound to devices, with the reference runtime's API.
 
-State that changes while serving lives in three places, each with one owner: the dispatch table
-(locked updates), the weights (replaced whole by ``set_weights``, which bumps a generation counter),
-and per-thread state (workspaces, prepared runs, counters) in a ``threading.local``. The hot path
-reads the thread's state and one dict; nothing in it is process-global (DESIGN §6).
+The graph is split along its seams: what it runs *on* (devices, tasks, weights, plans, per-thread
+and per-stream lanes) is its ``GraphRuntime`` (``graph.runtime``, also what captures and reports
+use); what it *decides* (the dispatch table with locked updates, dispatch policies, tuning, its
+cache file and traces) and how it is saved stay here. The hot path reads the thread's lane and one
+dict; nothing in it is process-global (DESIGN §6).
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import threading
@@ -19,25 +19,24 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 import attrs
 import numpy as np
 
-from engine.backend import BackendBase
 from engine.bundle import archive as _archive
 from engine.bundle.contents import BundleContents, bundle_members, read_bundle
 from engine.bundle.schema import GraphExecution, GraphMetaData
 from engine.device import Device
-from engine.errors import BundleError, DeviceUnavailableError, InputError, Unsupported
+from engine.errors import BundleError, InputError, Unsupported
 from engine.plugins import Registry, default_registry
 from engine.hostptr import array_address
-from engine.runtime.binding import InputBinder
 from engine.runtime.dispatch import DispatchTable
 from engine.runtime.dispatch_cache import DispatchCache
 from engine.runtime.interpreter import InstructionObserver, ModelExecutionHook, interpret
-from engine.runtime.plan import GraphPlanner, KeyPlan
+from engine.runtime.plan import KeyPlan
 from engine.runtime.prepared import OutputWrapper, PreparedRun
+from engine.runtime.runtime import GraphRuntime, Lane, RunStats, open_devices
 from engine.runtime.profile import Profile, ProfileRecorder
 from engine.runtime.trace import TraceRecorder, session_trace, trace_file_name, write_trace
 from engine.runtime.tuning import CandidateTiming, TuningOptions, TuningStats
-from engine.runtime.tasks import CompiledTask, load_tasks
-from engine.runtime.weights import check_weights, place_weights
+from engine.runtime.tasks import CompiledTask
+from engine.runtime.weights import check_weights
 from engine.storage import ExternalStorage, Storage
 from engine.tensor import Tensor, from_dlpack, tensor_from_numpy
 
@@ -52,76 +51,20 @@ ENGINE_VERSION = "0.1.0"
 _TUNE_FLUSH_S = 1.0
 
 
-@attrs.frozen
-class RunStats:
-    """Counters summed over live threads: how many runs took which path."""
-
-    fast_runs: int
-    slow_runs: int
-    prepared_runs: int
-    tuned_keys: int
-
-
-class _Counters:
-    """Per-thread run counts; kept by the graph after the thread ends (its workspaces are not)."""
-
-    __slots__ = ("fast_runs", "slow_runs", "prepared")
-
-    def __init__(self) -> None:
-        self.fast_runs = 0
-        self.slow_runs = 0
-        self.prepared = 0
-
-
-class _ThreadState:
-    """Workspaces and prepared runs of one thread on one set of streams (DESIGN §6)."""
-
-    __slots__ = ("generation", "runs", "workspaces", "streams", "stream_key", "counters", "__weakref__")
-
-    def __init__(self, generation: int, streams: dict[str, object], counters: _Counters,
-                 stream_key: tuple[object, ...] = ()):
-        self.generation = generation
-        self.runs: dict[tuple[int, ...], PreparedRun] = {}
-        self.workspaces: dict[str, Storage] = {}
-        self.streams = streams
-        self.stream_key = stream_key
-        self.counters = counters
-
-
 class CompiledGraph:
     """A compiled graph ready to run (reference API: ``hidet.runtime.CompiledGraph``)."""
 
     def __init__(self, contents: BundleContents, *, device: str | Device | None = None,
                  registry: Registry | None = None, dispatch_policy: str | None = None):
         self._contents = contents
-        self._registry = registry if registry is not None else default_registry()
-        an = contents.analysis
-        wanted = Device.parse(device) if device is not None else None
-        if wanted is not None and wanted.kind not in an.kinds:
-            raise InputError(f"device {wanted} was asked for, but the bundle only runs on {', '.join(an.kinds)}")
-        self._backends: dict[str, BackendBase] = {}
-        self._devices: dict[str, Device] = {}
-        names: dict[str, str] = {}
-        for kind in an.kinds:
-            backend = self._registry.backend(kind)
-            avail = backend.availability()
-            if not avail.available:
-                raise DeviceUnavailableError(f"device kind {kind!r} is not usable here: {avail.reason or 'unavailable'}")
-            index = wanted.index if wanted is not None and wanted.kind == kind else 0
-            if index >= avail.device_count:
-                raise DeviceUnavailableError(f"{kind}:{index} does not exist ({avail.device_count} {kind} devices)")
-            self._backends[kind] = backend
-            self._devices[kind] = Device(kind, index)
-            names[kind] = avail.device_names[index] if index < len(avail.device_names) else ""
-        self._device_index = {k: d.index for k, d in self._devices.items()}
-        self._stream_kinds = tuple(k for k, b in self._backends.items() if b.has_streams)
+        registry = registry if registry is not None else default_registry()
+        devices, tag = open_devices(contents, registry, device)
         #: Which devices tuning results are valid for (the dispatch cache is keyed by it).
-        self.device_tag = hashlib.sha256(
-            "|".join(f"{k}={names[k]}" for k in sorted(names)).encode()).hexdigest()[:16]
-        self._tasks = load_tasks(contents, self._backends, self._device_index)
-        self._weights = place_weights(contents, self._backends, self._devices, self._registry)
-        self._binder = InputBinder(contents.meta, self._devices)
-        settings = self._registry.settings
+        self.device_tag = tag
+        self._runtime = GraphRuntime(contents, devices)
+        self._binder = self._runtime.binder
+        self._tasks = self._runtime.tasks
+        settings = registry.settings
         self._dispatch = DispatchTable(contents.meta.symbols, [len(t.candidates) for t in self._tasks],
                                        contents.dispatch_rows, policy=dispatch_policy or settings.dispatch_policy)
         # Rows tuned earlier (any process) for keys the bundle lacks; tuning here adds to the file.
@@ -136,15 +79,15 @@ class CompiledGraph:
         self._tune_serial = 0
         #: The Chrome trace the latest ``tune()`` wrote (``None`` until one tuned a key).
         self.last_tune_trace: Path | None = None
-        self._plans: dict[tuple[int, ...], KeyPlan] = {}
-        self._planner: GraphPlanner | None = None
         self._lock = threading.RLock()
-        self._local = threading.local()
-        self._counters: list[_Counters] = []
-        self._generation = 0
         self._hooks: list[ModelExecutionHook] = []
         self._tuning_log: dict[tuple[int, ...], list[CandidateTiming]] = {}
         self.tuning = TuningOptions()
+
+    @property
+    def runtime(self) -> GraphRuntime:
+        """Devices, tasks, weights, memory plans and per-thread lanes (``engine.runtime.runtime``)."""
+        return self._runtime
 
     # -- reference attributes -----------------------------------------------------------------
     @property
@@ -161,7 +104,7 @@ class CompiledGraph:
 
     @property
     def weights(self) -> list[Tensor] | None:
-        return None if self._weights is None else list(self._weights)
+        return self._runtime.weights
 
     @property
     def dispatch_table(self) -> DispatchTable:
@@ -178,7 +121,7 @@ class CompiledGraph:
 
     @property
     def devices(self) -> dict[str, Device]:
-        return dict(self._devices)
+        return dict(self._runtime.devices.devices)
 
     @property
     def dispatch_policy(self) -> str:
@@ -192,7 +135,7 @@ class CompiledGraph:
             # so that e.g. switching from "first" to "tune" tunes those keys.
             if self._policy_choices:
                 self._policy_choices.clear()
-                self._generation += 1
+                self._runtime.invalidate()
 
     @property
     def dispatch_cache(self) -> DispatchCache | None:
@@ -211,88 +154,27 @@ class CompiledGraph:
         Work on GPU devices is queued on the current stream (hence *async*); CPU work is done when
         this returns. ``outputs=`` supplies output buffers instead of fresh ones.
         """
-        addrs, keep, key = self._binder.bind(inputs)
-        state = getattr(self._local, "state", None)
-        if state is None or state.generation != self._generation:
-            state = self._new_state()
-        if self._stream_kinds:
-            state = self._stream_state(state)
+        ptrs, keep, key = self._binder.bind(inputs)
+        runtime = self._runtime
+        lane = getattr(runtime.local, "lane", None)
+        if lane is None or lane.generation != runtime.generation:
+            lane = runtime.new_lane()
+        if runtime.devices.stream_kinds:
+            lane = runtime.stream_lane(lane)
         out_storages = None if outputs is None else self._output_storages(outputs, key)
-        run = state.runs.get(key)
+        run = lane.runs.get(key)
         if run is None or self._hooks:
-            result = self._run_slow(state, key, addrs, keep, out_storages)
+            result = self._run_slow(lane, key, ptrs, keep, out_storages)
         else:
-            state.counters.fast_runs += 1
-            result = run.run(addrs, keep, out_storages)
+            lane.counters.fast_runs += 1
+            result = run.run(ptrs, keep, out_storages)
         if output_to_torch_tensor:
             return [t.torch() for t in result]
         return result
 
-    def _new_state(self) -> _ThreadState:
-        streams = {k: b.current_stream(self._device_index[k]) for k, b in self._backends.items()}
-        stream_key = tuple(streams[k] for k in self._stream_kinds)
-        old = getattr(self._local, "state", None)
-        if old is not None:  # keep workspaces and counts across a set_weights; prepared runs are rebuilt
-            state = _ThreadState(self._generation, streams, old.counters, stream_key)
-            if old.stream_key == stream_key:
-                state.workspaces = old.workspaces
-        else:
-            state = _ThreadState(self._generation, streams, _Counters(), stream_key)
-            with self._lock:
-                self._counters.append(state.counters)
-        self._local.state = state
-        if self._stream_kinds:
-            self._local.__dict__.setdefault("by_stream", {})[stream_key] = state
-        return state
-
-    def _stream_state(self, state: _ThreadState) -> _ThreadState:
-        """The state for the thread's current streams: work queued on another stream gets its own
-        workspaces (and prepared runs pointing into them), so it never shares scratch memory."""
-        current = tuple(self._backends[k].current_stream(self._device_index[k]) for k in self._stream_kinds)
-        if current == state.stream_key:
-            return state
-        other = self._local.__dict__.setdefault("by_stream", {}).get(current)
-        if other is None or other.generation != self._generation:
-            streams = {**state.streams, **dict(zip(self._stream_kinds, current))}
-            other = _ThreadState(self._generation, streams, state.counters, current)
-            self._local.by_stream[current] = other
-        self._local.state = other
-        return other
-
-    def _key_plan(self, key: tuple[int, ...]) -> KeyPlan:
-        plan = self._plans.get(key)
-        if plan is None:
-            # One GraphPlanner per graph keeps what does not depend on the key (issue 3); made on the
-            # first plan so that loading stays cheap.
-            planner = self._planner
-            if planner is None:
-                with self._lock:
-                    planner = self._planner
-                    if planner is None:
-                        planner = GraphPlanner(self._contents, {k: b.alignment for k, b in self._backends.items()})
-                        self._planner = planner
-            plan = planner.plan(key)
-            with self._lock:
-                plan = self._plans.setdefault(key, plan)
-        return plan
-
-    def _ensure_workspaces(self, state: _ThreadState, plan: KeyPlan) -> None:
-        for kind, size in plan.workspace_bytes.items():
-            current = state.workspaces.get(kind)
-            if current is None or current.nbytes < size:
-                state.runs.clear()  # prepared runs point into the old workspace
-                if current is not None:
-                    # On GPU backends work queued earlier on this thread's stream may still use the
-                    # old workspace: let it finish before the old allocation is released (issue 3).
-                    self._backends[kind].synchronize(self._device_index[kind])
-                state.workspaces[kind] = self._backends[kind].allocate(size, self._device_index[kind])
-
-    def _weights_or_raise(self) -> list[Tensor]:
-        if self._weights is None:
-            raise InputError("this graph was saved without weights: call set_weights(...) before running it")
-        return self._weights
-
-    def _choice_for(self, key: tuple[int, ...]) -> list[int | None]:
+    def choice_for(self, key: tuple[int, ...]) -> list[int | None]:
+        """The candidate per task at ``key``: the table's row, else what the dispatch policy says
+        (``None`` for a task the tune policy will tune; ``InputError`` under the error policy)."""
         row = self._dispatch.get(key) or self._policy_choices.get(key)
         if row is not None:
             return list(row)
@@ -311,25 +193,25 @@ class CompiledGraph:
                 return list(near)
         return [None if len(t.candidates) > 1 else 0 for t in self._tasks]
 
-    def _run_slow(self, state: _ThreadState, key: tuple[int, ...], addrs: list[int], keep: list[Any],
+    def _run_slow(self, lane: Lane, key: tuple[int, ...], ptrs: list[Any], keep: list[Any],
                   out_storages: list[Storage] | None) -> list[Tensor]:
-        weights = self._weights_or_raise()
-        plan = self._key_plan(key)
-        self._ensure_workspaces(state, plan)
-        choices = self._choice_for(key)
+        runtime = self._runtime
+        weights = runtime.require_weights()
+        plan = runtime.key_plan(key)
+        runtime.ensure_workspaces(lane, plan)
+        choices = self.choice_for(key)
         if None in choices:  # the tune policy at a key without a row
             with self._tuning_lock:
                 row = self._known_row(key)  # another thread, or process, may have tuned it meanwhile
                 if row is None:
-                    return self._interpret(state, plan, choices, addrs, keep, out_storages)
+                    return self._interpret(lane, plan, choices, ptrs, keep, out_storages)
                 choices = list(row)
         if not self._hooks:
-            run = PreparedRun(self._contents, plan, self._tasks, choices, weights, state.workspaces, state.streams,
-                              self._backends, self._device_index, self._registry)
-            state.runs[key] = run
-            state.counters.prepared += 1
-            return run.run(addrs, keep, out_storages)
-        return self._interpret(state, plan, choices, addrs, keep, out_storages)
+            run = PreparedRun(runtime.context(plan, lane), self._tasks, choices, weights)
+            lane.runs[key] = run
+            lane.counters.prepared += 1
+            return run.run(ptrs, keep, out_storages)
+        return self._interpret(lane, plan, choices, ptrs, keep, out_storages)
 
     def _known_row(self, key: tuple[int, ...]) -> tuple[int, ...] | None:
         """The table's row for ``key``, after adopting rows other processes stored in the cache since load."""
@@ -339,7 +221,7 @@ class CompiledGraph:
             row = self._dispatch.get(key)
         return row
 
-    def _interpret(self, state: _ThreadState, plan: KeyPlan, choices: list[int | None], addrs: list[int],
+    def _interpret(self, lane: Lane, plan: KeyPlan, choices: list[int | None], ptrs: list[Any],
                    keep: list[Any], out_storages: list[Storage] | None,
                    observer: InstructionObserver | None = None, *, batch: _TuneBatch | None = None
                    ) -> list[Tensor]:
@@ -350,7 +232,8 @@ class CompiledGraph:
         and stores its row in the cache file, or in ``batch`` when given (``tune`` stores in batches).
         """
         key = plan.key
-        weights = self._weights_or_raise()
+        runtime = self._runtime
+        weights = runtime.require_weights()
         start = time.perf_counter()
         recorder: TraceRecorder | None = None
         watch = observer
@@ -358,23 +241,19 @@ class CompiledGraph:
             if isinstance(observer, TraceRecorder):
                 recorder = observer
             else:
-                recorder = TraceRecorder(self._contents, plan, self._devices, identity=self.identity)
+                recorder = TraceRecorder(self._contents, plan, self.devices, identity=self.identity)
                 watch = recorder if observer is None else _Tee(recorder, observer)
         if out_storages is None:
-            out_storages = [self._backends[s.kind].allocate(s.nbytes, self._device_index[s.kind])
-                            for s in plan.output_slots]
-        timings = interpret(self._contents, plan, self._tasks, choices, weights=weights,
-                            workspaces=state.workspaces, streams=state.streams, backends=self._backends,
-                            device_index=self._device_index, input_addrs=addrs, out_storages=out_storages,
-                            hooks=tuple(self._hooks), tuning=self.tuning, registry=self._registry,
-                            observer=watch)
+            out_storages = runtime.output_storages(plan, lane)
+        ctx = runtime.context(plan, lane)
+        timings = interpret(ctx, self._tasks, choices, weights=weights, input_ptrs=ptrs, out_storages=out_storages,
+                            hooks=tuple(self._hooks), tuning=self.tuning, observer=watch)
         if observer is None or timings:
-            state.counters.slow_runs += 1
+            lane.counters.slow_runs += 1
         if timings:
             self._record_tuned(key, tuple(c or 0 for c in choices), timings, recorder, start, batch=batch)
         # Outputs are wrapped exactly as the fast path does (share_map and copied inputs included).
-        wrapper = OutputWrapper(self._contents, plan, self._backends, self._device_index, self._registry)
-        return wrapper.wrap(addrs, keep, out_storages)
+        return OutputWrapper(ctx).wrap(ptrs, keep, out_storages)
 
     def _record_tuned(self, key: tuple[int, ...], choice: tuple[int, ...], timings: list[CandidateTiming],
                       recorder: TraceRecorder | None, start: float, *, batch: _TuneBatch | None = None) -> None:
@@ -383,7 +262,7 @@ class CompiledGraph:
         with self._lock:
             self._tuning_log[key] = timings
             if self._policy_choices.pop(key, None) is not None:
-                self._generation += 1  # runs prepared with the policy's choice are rebuilt
+                self._runtime.invalidate()  # runs prepared with the policy's choice are rebuilt
         cache = self._dispatch_cache
         if batch is not None:
             batch.rows[key] = choice
@@ -437,7 +316,8 @@ class CompiledGraph:
                 self._tuning_stats.total_s += time.perf_counter() - start
 
     def _output_storages(self, outputs: Sequence[Any], key: tuple[int, ...]) -> list[Storage]:
-        plan = self._key_plan(key)
+        plan = self._runtime.key_plan(key)
+        devices = self._runtime.devices.devices
         ex = self._contents.execution
         if len(outputs) != len(ex.outputs_index):
             raise InputError(f"outputs=: the graph has {len(ex.outputs_index)} outputs, got {len(outputs)}")
@@ -456,23 +336,22 @@ class CompiledGraph:
                 if not out.flags.writeable:
                     raise InputError(f"outputs[{k}]: the buffer is read-only")
                 host = memoryview(out.reshape(-1).view(np.uint8))
-                storages[ref] = ExternalStorage(self._devices["cpu"], array_address(out), out.nbytes, owner=out,
+                storages[ref] = ExternalStorage(devices["cpu"], array_address(out), out.nbytes, owner=out,
                                                 host_view=host)
                 continue
             t = out if isinstance(out, Tensor) else _as_tensor(out)
-            if t.dtype != sig.dtype or tuple(t.shape) != shape or t.device != self._devices[sig.device]:
+            if t.dtype != sig.dtype or tuple(t.shape) != shape or t.device != devices[sig.device]:
                 raise InputError(f"outputs[{k}]: expected {sig.dtype.name}{list(shape)} on "
-                                 f"{self._devices[sig.device]}, got {t.dtype.name}{list(t.shape)} on {t.device}")
+                                 f"{devices[sig.device]}, got {t.dtype.name}{list(t.shape)} on {t.device}")
             if t.storage.readonly:
                 raise InputError(f"outputs[{k}]: the buffer is read-only")
-            storages[ref] = t.storage if t.offset == 0 else ExternalStorage(t.device, t.addr, t.nbytes, owner=t)
+            storages[ref] = t.storage if t.offset == 0 else ExternalStorage(t.device, t.ptr, t.nbytes, owner=t)
         return storages  # type: ignore[return-value]
 
     # -- tuning and introspection ---------------------------------------------------------------
     def run_stats(self) -> RunStats:
         """Counts over every thread that ever ran this graph."""
-        with self._lock:
-            counters = list(self._counters)
+        counters = self._runtime.counters()
         return RunStats(sum(c.fast_runs for c in counters), sum(c.slow_runs for c in counters),
                         sum(c.prepared for c in counters), len(self._dispatch))
 
@@ -496,7 +375,8 @@ class CompiledGraph:
                              f"unknown {unknown}")
         axes = [_symbol_values(s, symbols[s]) for s in names]
         grid = list(itertools.product(*axes))
-        state = self._thread_state()
+        runtime = self._runtime
+        lane = runtime.lane()
         # Rows go to the cache file in batches (at most every _TUNE_FLUSH_S, and at the end, also
         # when interrupted) and traces into one file: a locked rewrite and a new file per key cost
         # more than tuning a small key (issue 4's overhead budget, benchmarks/tuning.py).
@@ -509,12 +389,12 @@ class CompiledGraph:
                 if key not in self._dispatch and self._dispatch.needs_tuning:
                     with self._tuning_lock:
                         if self._dispatch.get(key) is None:
-                            plan = self._key_plan(key)
-                            self._ensure_workspaces(state, plan)
-                            inputs = self._zero_inputs(plan)
-                            addrs = [t.addr for t in inputs]
+                            plan = runtime.key_plan(key)
+                            runtime.ensure_workspaces(lane, plan)
+                            inputs = self._zero_inputs(plan, lane)
+                            ptrs = [t.ptr for t in inputs]
                             choices = [None if len(t.candidates) > 1 else 0 for t in self._tasks]
-                            self._interpret(state, plan, choices, addrs, inputs, None, batch=batch)
+                            self._interpret(lane, plan, choices, ptrs, inputs, None, batch=batch)
                     if time.perf_counter() - last_flush >= _TUNE_FLUSH_S:
                         self._persist(batch.rows)
                         batch.rows = {}
@@ -528,15 +408,16 @@ class CompiledGraph:
                 self.last_tune_trace = batch.trace_path
         return {key: self._dispatch.get(key) or self._dispatch.trivial_choice() for key in grid}
 
-    def _zero_inputs(self, plan: KeyPlan) -> list[Tensor]:
+    def _zero_inputs(self, plan: KeyPlan, lane: Lane) -> list[Tensor]:
+        devices = self._runtime.devices
         out = []
         for i, sig in enumerate(self.meta.inputs):
-            backend = self._backends[sig.device]
-            index = self._device_index[sig.device]
-            storage = backend.allocate(plan.nbytes[i], index)
+            backend = devices.backends[sig.device]
+            stream = lane.streams.get(sig.device)
+            storage = backend.allocate(plan.nbytes[i], devices.index[sig.device], stream)
             if storage.nbytes:
-                backend.memset(storage.addr, 0, storage.nbytes, backend.current_stream(index))
-            out.append(Tensor(storage, sig.dtype, plan.shapes[i], 0, registry=self._registry))
+                backend.memset(storage.ptr, 0, storage.nbytes, stream)
+            out.append(Tensor(storage, sig.dtype, plan.shapes[i], 0, registry=devices.registry))
         return out
 
     def tuning_results(self) -> dict[tuple[int, ...], list[CandidateTiming]]:
@@ -549,32 +430,24 @@ class CompiledGraph:
         with self._lock:
             return attrs.evolve(self._tuning_stats)
 
-    def _thread_state(self) -> _ThreadState:
-        """The calling thread's state for its current streams (``run_async`` inlines this)."""
-        state = getattr(self._local, "state", None)
-        if state is None or state.generation != self._generation:
-            state = self._new_state()
-        if self._stream_kinds:
-            state = self._stream_state(state)
-        return state
-
     def _observed_run(self, inputs: Sequence[Any], observer: Callable[[KeyPlan], InstructionObserver]
                       ) -> tuple[KeyPlan, tuple[int, ...], InstructionObserver]:
         """Run ``inputs`` interpreted under ``observer(plan)``; tunes first if the key needs it."""
-        addrs, keep, key = self._binder.bind(inputs)
-        state = self._thread_state()
-        plan = self._key_plan(key)
-        self._ensure_workspaces(state, plan)
-        choices = self._choice_for(key)  # raises under the error policy at an unknown key
+        ptrs, keep, key = self._binder.bind(inputs)
+        runtime = self._runtime
+        lane = runtime.lane()
+        plan = runtime.key_plan(key)
+        runtime.ensure_workspaces(lane, plan)
+        choices = self.choice_for(key)  # raises under the error policy at an unknown key
         watcher = observer(plan)
         if None in choices:
             with self._tuning_lock:
                 row = self._known_row(key)
                 if row is None:  # tuned during the observed run, exactly like a slow-path run
-                    self._interpret(state, plan, choices, addrs, keep, None, observer=watcher)
+                    self._interpret(lane, plan, choices, ptrs, keep, None, observer=watcher)
                     return plan, tuple(c or 0 for c in choices), watcher
                 choices = list(row)
-        self._interpret(state, plan, choices, addrs, keep, None, observer=watcher)
+        self._interpret(lane, plan, choices, ptrs, keep, None, observer=watcher)
         return plan, tuple(c or 0 for c in choices), watcher
 
     def trace(self, inputs: Sequence[Any], path: str | Path | None = None, *, warmup: int = 1) -> dict[str, Any]:
@@ -590,7 +463,7 @@ class CompiledGraph:
         if not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
         plan, choices, recorder = self._observed_run(
-            inputs, lambda plan: TraceRecorder(self._contents, plan, self._devices, identity=self.identity,
+            inputs, lambda plan: TraceRecorder(self._contents, plan, self.devices, identity=self.identity,
                                                warmup=warmup))
         doc = cast(TraceRecorder, recorder).to_dict(symbols=self.meta.symbols, key=plan.key, choices=choices)
         if path is not None:
@@ -610,7 +483,7 @@ class CompiledGraph:
         if not isinstance(repeat, int) or repeat < 1:
             raise ValueError(f"repeat must be a positive integer, got {repeat!r}")
         plan, _, recorder = self._observed_run(
-            inputs, lambda plan: ProfileRecorder(self._contents, plan, self._devices, warmup=warmup, repeat=repeat))
+            inputs, lambda plan: ProfileRecorder(self._contents, plan, self.devices, warmup=warmup, repeat=repeat))
         rows = tuple(cast(ProfileRecorder, recorder).rows)
         return Profile(tuple(self.meta.symbols), plan.key, rows, warmup, repeat)
 
@@ -626,9 +499,9 @@ class CompiledGraph:
 
     def cuda_graph(self, *example_inputs: Any) -> "CapturedGraph":
         """The reference runtime's name for ``capture`` on CUDA devices."""
-        if "cuda" not in self._devices:
+        if "cuda" not in self.devices:
             raise Unsupported(f"cuda_graph() needs a graph that runs on CUDA; this one runs on "
-                              f"{', '.join(str(d) for d in self._devices.values())}: use capture()")
+                              f"{', '.join(str(d) for d in self.devices.values())}: use capture()")
         return self.capture(*example_inputs)
 
     def register_hook(self, hook: ModelExecutionHook) -> None:
@@ -637,18 +510,19 @@ class CompiledGraph:
             raise TypeError("register_hook expects a callable (int, list[Tensor], list[Tensor]) -> None")
         with self._lock:
             self._hooks.append(hook)
+        self._runtime.invalidate()
 
     def memory_report(self, **symbols: int) -> dict[str, Any]:
         from engine.runtime.report import memory_report
-        return memory_report(self, symbols)
+        return memory_report(self.meta.symbols, self._runtime, symbols)
 
     # -- weights -------------------------------------------------------------------------------
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Replace every weight (``weights_index`` order); checked for count, dtype, shape, device."""
-        new = check_weights(list(weights), self._contents, self._devices, self._backends, self._registry)
-        with self._lock:
-            self._weights = new
-            self._generation += 1
+        devices = self._runtime.devices
+        new = check_weights(list(weights), self._contents, dict(devices.devices), dict(devices.backends),
+                            devices.registry)
+        self._runtime.replace_weights(new)
 
     # -- saving and pickling -------------------------------------------------------------------
     def _members(self, *, save_dispatch_table: bool, save_weights: bool) -> dict[str, Any]:
@@ -660,10 +534,11 @@ class CompiledGraph:
                     name = f"kernels/{k}/{b.path}"
                     binaries[name] = c.archive.map(name)
         weights = None
-        if save_weights and self._weights is not None:
+        current = self._runtime.weights
+        if save_weights and current is not None:
             names = [e.name for e in c.weight_entries] if c.weight_entries else [
-                f"w{j}" for j in range(len(self._weights))]
-            weights = [(n, w.numpy()) for n, w in zip(names, self._weights)]
+                f"w{j}" for j in range(len(current))]
+            weights = [(n, w.numpy()) for n, w in zip(names, current)]
         entries = c.weight_entries
         if entries is None and c.npz_weights is not None:
             from engine.bundle.contents import weights_layout
@@ -689,16 +564,14 @@ class CompiledGraph:
 
     def __reduce__(self) -> tuple[Any, ...]:
         device = None
-        non_cpu = [d for k, d in self._devices.items() if k != "cpu"]
+        non_cpu = [d for k, d in self.devices.items() if k != "cpu"]
         if non_cpu:
             device = str(non_cpu[0])
         return (_load_from_bytes, (self.to_bytes(), device))
 
     def close(self) -> None:
         """Drop prepared runs and workspaces of the calling thread and the bundle's file handle."""
-        with self._lock:
-            self._generation += 1
-        self._local = threading.local()
+        self._runtime.close()
         self._contents.archive.close()
 
     def __enter__(self) -> "CompiledGraph":
@@ -714,7 +587,7 @@ class CompiledGraph:
     def __repr__(self) -> str:
         m = self.meta
         return (f"<CompiledGraph {len(m.inputs)} inputs, {len(m.outputs)} outputs, {m.num_kernels} kernels on "
-                f"{', '.join(str(d) for d in self._devices.values())}>")
+                f"{', '.join(str(d) for d in self.devices.values())}>")
 
 
 class _TuneBatch:

@@ -14,16 +14,16 @@ import time
 from typing import Any, Callable, Protocol, Sequence
 
 from engine.backend import BackendBase
-from engine.bundle.contents import BundleContents
 from engine.device import Device
 from engine.dtypes import DType
 from engine.plugins import Registry
-from engine.runtime.plan import INPUT, OUTPUT, KeyPlan
-from engine.runtime.prepared import prepare_instruction, resolve_static_addresses
+from engine.runtime.context import RunContext
+from engine.runtime.plan import INPUT, OUTPUT
+from engine.runtime.prepared import prepare_instruction, resolve_static_pointers
 from engine.runtime.tasks import CompiledTask
 from engine.runtime.tuning import CandidateTiming, TuningOptions, launch_runner, timing_operands, tune_instruction
 from engine.storage import ExternalStorage, Storage
-from engine.tensor import Tensor
+from engine.tensor import Tensor, host_wait
 
 __all__ = ["TuningOptions", "CandidateTiming", "interpret", "ModelExecutionHook", "InstructionObserver"]
 
@@ -45,108 +45,94 @@ class InstructionObserver(Protocol):
         """Run instruction ``pos`` for real by calling ``run_once`` exactly once (timing it as wished)."""
 
 
-def view_tensor(backend: BackendBase, device: Device, addr: int, dtype: DType, shape: tuple[int, ...],
+def view_tensor(backend: BackendBase, device: Device, ptr: Any, dtype: DType, shape: tuple[int, ...],
                 nbytes: int, owner: object, registry: Registry | None = None) -> Tensor:
     """A tensor over memory the engine already owns (workspace, outputs) without copying."""
     host = None
     if backend.host_accessible and nbytes:
-        host = memoryview((ctypes.c_char * nbytes).from_address(addr)).cast("B")
-    storage = ExternalStorage(device, addr, nbytes, owner=owner, host_view=host)
+        host = memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
+    storage = ExternalStorage(device, ptr, nbytes, owner=owner, host_view=host)
     return Tensor(storage, dtype, shape, 0, registry=registry)
 
 
 def interpret(
-    contents: BundleContents,
-    plan: KeyPlan,
+    ctx: RunContext,
     tasks: Sequence[CompiledTask],
     choices: list[int | None],
     *,
     weights: Sequence[Tensor],
-    workspaces: dict[str, Storage],
-    streams: dict[str, object],
-    backends: dict[str, BackendBase],
-    device_index: dict[str, int],
-    input_addrs: Sequence[int],
+    input_ptrs: Sequence[Any],
     out_storages: Sequence[Storage],
     hooks: Sequence[ModelExecutionHook] = (),
     tuning: TuningOptions = TuningOptions(),
-    registry: Registry | None = None,
     observer: InstructionObserver | None = None,
 ) -> list[CandidateTiming]:
     """Run every instruction; fill ``choices`` (``None`` = tune now). Returns what tuning measured."""
-    ex = contents.execution
-    addr = resolve_static_addresses(plan, weights, workspaces)
+    plan = ctx.plan
+    ex = ctx.contents.execution
+    ptr = resolve_static_pointers(ctx, weights)
     for t, (where, index) in enumerate(zip(plan.layout.where, plan.layout.index)):
         if where == INPUT:
-            addr[t] = input_addrs[index]
+            ptr[t] = input_ptrs[index]
         elif where == OUTPUT:
-            addr[t] = out_storages[index].addr
+            ptr[t] = out_storages[index].ptr
     timings = []
     clock = time.perf_counter_ns
     for pos, ins in enumerate(ex.instructions):
         task = tasks[ins.task_idx]
         tensors = (*ins.inputs, *ins.outputs)
-        addrs = [addr[t] for t in tensors]
+        ptrs = [ptr[t] for t in tensors]
         if choices[ins.task_idx] is None:
             start = clock()
-            timing = _tune(contents, plan, task, pos, addrs, workspaces, streams, backends, device_index, tuning)
+            timing = _tune(ctx, task, pos, ptrs, tuning)
             choices[ins.task_idx] = timing.chosen
             timings.append(timing)
             if observer is not None:
                 observer.tuned(pos, task, timing, start, clock())
         choice = choices[ins.task_idx] or 0
-        launch, _ = prepare_instruction(contents, plan, task, pos, choice, addrs, workspaces, streams, backends,
-                                        device_index)
+        launch, _ = prepare_instruction(ctx, task, pos, choice, ptrs)
         if observer is None:
             code = launch.call()
             if code:
                 launch.fail(code)
         else:
-            observer.execute(pos, task, choice, launch_runner(launch),
-                             _timing_factory(contents, plan, task, pos, choice, addrs, workspaces, streams, backends,
-                                             device_index))
+            observer.execute(pos, task, choice, launch_runner(launch), _timing_factory(ctx, task, pos, choice, ptrs))
         if hooks:
-            _call_hooks(hooks, pos, ins, contents, plan, backends, device_index, addr, workspaces, registry)
+            _call_hooks(ctx, hooks, pos, ins, ptr)
     return timings
 
 
-def _timing_factory(contents: BundleContents, plan: KeyPlan, task: CompiledTask, pos: int, choice: int,
-                    addrs: list[int], workspaces: dict[str, Storage], streams: dict[str, object],
-                    backends: dict[str, BackendBase], device_index: dict[str, int]) -> TimingRunnerFactory:
+def _timing_factory(ctx: RunContext, task: CompiledTask, pos: int, choice: int, ptrs: list[Any]) -> TimingRunnerFactory:
     def make() -> tuple[Callable[[], None], list[Storage]]:
-        operands, clones = timing_operands(contents, plan, task, pos, addrs, streams)
-        launch, _ = prepare_instruction(contents, plan, task, pos, choice, operands, workspaces, streams, backends,
-                                        device_index)
+        operands, clones = timing_operands(ctx, task, pos, ptrs)
+        launch, _ = prepare_instruction(ctx, task, pos, choice, operands)
         return launch_runner(launch), [*clones, launch]  # type: ignore[list-item]
 
     return make
 
 
-def _tune(contents: BundleContents, plan: KeyPlan, task: CompiledTask, pos: int, addrs: list[int],
-          workspaces: dict[str, Storage], streams: dict[str, object], backends: dict[str, BackendBase],
-          device_index: dict[str, int], tuning: TuningOptions) -> CandidateTiming:
+def _tune(ctx: RunContext, task: CompiledTask, pos: int, ptrs: list[Any], tuning: TuningOptions) -> CandidateTiming:
     """Time every candidate of instruction ``pos`` on its real operands (clones where it writes in place)."""
-    operands, clones = timing_operands(contents, plan, task, pos, addrs, streams)
-    launches = [prepare_instruction(contents, plan, task, pos, c, operands, workspaces, streams, backends,
-                                    device_index)[0]
-                for c in range(len(task.candidates))]
+    operands, clones = timing_operands(ctx, task, pos, ptrs)
+    launches = [prepare_instruction(ctx, task, pos, c, operands)[0] for c in range(len(task.candidates))]
     timing = tune_instruction([launch_runner(launch) for launch in launches], task.backend, task.device_index,
-                              tuning, instruction=pos, task=contents.execution.instructions[pos].task_idx)
+                              tuning, instruction=pos, task=ctx.contents.execution.instructions[pos].task_idx,
+                              stream=ctx.streams.get(task.meta.device))
     del clones  # kept alive until every candidate was timed on them
     return timing
 
 
-def _call_hooks(hooks: Sequence[ModelExecutionHook], pos: int, ins: Any, contents: BundleContents, plan: KeyPlan,
-                backends: dict[str, BackendBase], device_index: dict[str, int], addr: list[int],
-                workspaces: dict[str, Storage], registry: Registry | None) -> None:
-    ex = contents.execution
+def _call_hooks(ctx: RunContext, hooks: Sequence[ModelExecutionHook], pos: int, ins: Any, ptr: list[Any]) -> None:
+    ex = ctx.contents.execution
+    devices = ctx.devices
 
     def tensor(t: int) -> Tensor:
         kind = ex.tensor_device[t]
         sig = ex.tensor_signatures[t]
-        backends[kind].synchronize(device_index[kind])
-        return view_tensor(backends[kind], Device(kind, device_index[kind]), addr[t], sig.dtype, plan.shapes[t],
-                           plan.nbytes[t], workspaces, registry)
+        backend, index = devices.backends[kind], devices.index[kind]
+        host_wait(backend, index, ctx.streams.get(kind))
+        return view_tensor(backend, Device(kind, index), ptr[t], sig.dtype, ctx.plan.shapes[t], ctx.plan.nbytes[t],
+                           ctx.workspaces, devices.registry)
 
     ins_tensors = [tensor(t) for t in ins.inputs]
     out_tensors = [tensor(t) for t in ins.outputs]

@@ -71,7 +71,7 @@ except ImportError:  # pragma: no cover - an install without a C compiler
 
 __all__ = ["Block", "MemoryPlan", "plan_offsets", "lower_bound", "align_up", "best_fit", "plan_blocks",
            "plan_array", "live_peak", "total_bytes", "by_area", "ReplayTemplate", "Interference", "fit", "tie_ranks",
-           "native_passes"]
+           "native_passes", "segment_offsets", "SizeError"]
 
 # Positions per bucket of the overlap index. Most intermediates live for a few instructions, so a
 # query reads one or two buckets; 8 measured fastest on the 1,000-instruction benchmark plans.
@@ -81,6 +81,38 @@ REFINE_ROUNDS = 8
 _INF = np.iinfo(np.int64).max
 #: ``fit`` works in int64 with headroom above every offset; larger totals use the Python pass.
 _FIT_LIMIT = 2**62
+
+
+class SizeError(ValueError):
+    """A block cannot be placed under a size limit (it is larger than a segment)."""
+
+
+def segment_offsets(offsets: np.ndarray, sizes: np.ndarray, segment: int) -> tuple[np.ndarray, int]:
+    """The plan ``offsets`` moved so that no block crosses a multiple of ``segment`` bytes.
+
+    Blocks are visited by offset; one that would cross a boundary moves up to it, and every block
+    above it moves by as much (the shift only grows with the offset), so two blocks that did not
+    overlap still do not. Workspaces larger than a device's largest allocation are then one
+    allocation per segment (``engine.runtime.workspace``). ``SizeError`` when a block is larger
+    than a segment.
+    """
+    out = offsets.copy()
+    shift = 0
+    for i in np.argsort(offsets, kind="stable").tolist():
+        size = int(sizes[i])
+        if size == 0:
+            continue
+        if size > segment:
+            raise SizeError(f"a block of {size} bytes is larger than the device's largest allocation "
+                            f"({segment} bytes)")
+        start = int(offsets[i]) + shift
+        last = (start + size - 1) // segment
+        if start // segment != last:
+            bump = last * segment - start
+            shift += bump
+            start += bump
+        out[i] = start
+    return out, int((out + sizes).max(initial=0))
 
 
 def native_passes() -> bool:

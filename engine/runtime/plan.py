@@ -32,7 +32,8 @@ from engine.bundle.contents import BundleContents
 from engine.bundle.validate import ROLE_INPUT, ROLE_WEIGHT
 from engine.errors import EngineError, InputError
 from engine.expr import Expr, ExprBatch, parse_expr
-from engine.runtime.memory import Interference, ReplayTemplate, live_peak, plan_array, tie_ranks, total_bytes
+from engine.runtime.memory import (Interference, ReplayTemplate, SizeError, live_peak, plan_array, segment_offsets,
+                                   tie_ranks, total_bytes)
 
 try:  # a key's sizes in one compiled call (``_planner.c``); optional, numpy below gives the same
     from engine.runtime import _planner as _native
@@ -148,6 +149,9 @@ class KeyPlan:
     #: Per kind, how its offsets were found: "replay" (of the template key's plan), "template" (the key
     #: is its own template key: that plan) or "best-fit".
     planned_by: Mapping[str, str] = attrs.field(factory=dict)
+    #: Per kind whose workspace exceeds the device's largest allocation: the segment size (each
+    #: segment is one allocation, and no block crosses a segment boundary).
+    segment_bytes: Mapping[str, int] = attrs.field(factory=dict)
 
     @property
     def placements(self) -> tuple[Placement, ...]:
@@ -224,8 +228,12 @@ class _Template:
 class GraphPlanner:
     """A graph's key-independent memory facts, and ``plan(key)`` for any key (thread-safe)."""
 
-    def __init__(self, contents: BundleContents, alignment: Mapping[str, int]):
+    def __init__(self, contents: BundleContents, alignment: Mapping[str, int],
+                 segment_bytes: Mapping[str, int] | None = None):
         meta, ex, an = contents.meta, contents.execution, contents.analysis
+        #: Per kind with an allocation cap (``Backend.max_allocation``): no block may cross a
+        #: multiple of it, so that the workspace can be allocated one segment at a time.
+        self.segment_bytes = dict(segment_bytes or {})
         self.symbols = meta.symbols
         n = len(ex.tensor_signatures)
 
@@ -539,6 +547,13 @@ class GraphPlanner:
             except InputError as e:
                 raise InputError(f"{e} at {env}") from None
             offsets, peak, how = self._assign(kb, key, aligned, bound)
+            segment = self.segment_bytes.get(kind)
+            if segment is not None and peak > segment:
+                try:
+                    offsets, peak = segment_offsets(offsets, aligned, segment)
+                except SizeError as e:
+                    raise InputError(f"{kind} workspace at {env}: {e}") from None
+                how += " in segments"
             planned_by[kind] = how
             workspace_bytes[kind] = peak
             bounds[kind] = bound
@@ -572,6 +587,7 @@ class GraphPlanner:
             lower_bound_bytes=bounds,
             no_reuse_bytes=no_reuse,
             planned_by=planned_by,
+            segment_bytes={k: v for k, v in self.segment_bytes.items() if workspace_bytes.get(k, 0) > v},
         )
 
 

@@ -12,50 +12,80 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine.backend import BackendBase
-from engine.bundle.contents import BundleContents
+from engine.backend import BackendBase, LaunchDims
 from engine.errors import KernelError
-from engine.plugins import Registry
+from engine.expr import ExprError
+from engine.runtime.context import RunContext
 from engine.runtime.plan import INPUT, OUTPUT, KeyPlan
 from engine.runtime.tasks import CompiledTask, CopyLaunch
 from engine.storage import Storage
 from engine.tensor import Tensor, tensor_from_numpy
 
-__all__ = ["PreparedRun", "OutputWrapper", "resolve_static_addresses", "prepare_instruction"]
+__all__ = ["PreparedRun", "OutputWrapper", "resolve_static_pointers", "prepare_instruction", "launch_dims"]
 
 
-def resolve_static_addresses(plan: KeyPlan, weights: Sequence[Tensor], workspaces: dict[str, Storage]) -> list[int]:
-    """Addresses of weights and workspace tensors; 0 for inputs/outputs (patched per run).
+def resolve_static_pointers(ctx: RunContext, weights: Sequence[Tensor]) -> list[Any]:
+    """Pointers of weights and workspace tensors; null (0 or None) for inputs/outputs, patched per run.
 
-    Vectorised over the plan's layout: a new key or thread resolves a 1,000-tensor graph without a
-    Python step per tensor.
+    Vectorised over the plan's layout when every pointer is an integer address (CPU, CUDA, HIP):
+    a new key or thread resolves a 1,000-tensor graph without a Python step per tensor. Devices
+    whose pointers are handles, or whose workspace is split in segments, take one step per tensor.
     """
+    plan = ctx.plan
     layout = plan.layout
-    addrs = np.zeros(len(layout.where), np.uint64)
+    workspaces = ctx.workspaces
+    weight_ptrs = [w.ptr for w in weights]
+    flat = (all(isinstance(ws.base, int) and not ws.segmented for ws in workspaces.values())
+            and all(isinstance(p, int) for p in weight_ptrs))
+    if flat:
+        ptrs = np.zeros(len(layout.where), np.uint64)
+        for kind, tensors in layout.workspace_tensors.items():
+            ptrs[tensors] = plan.tensor_offsets[tensors].astype(np.uint64) + np.uint64(workspaces[kind].base)
+        if len(layout.weight_tensors):
+            ptrs[layout.weight_tensors] = np.array(weight_ptrs, np.uint64)[layout.weight_numbers]
+        return ptrs.tolist()
+    out: list[Any] = [None] * len(layout.where)  # inputs and outputs: set before any call (set_tensor)
+    offsets = plan.tensor_offsets
     for kind, tensors in layout.workspace_tensors.items():
-        addrs[tensors] = plan.tensor_offsets[tensors].astype(np.uint64) + np.uint64(workspaces[kind].addr)
-    if len(layout.weight_tensors):
-        addrs[layout.weight_tensors] = np.array([w.addr for w in weights], np.uint64)[layout.weight_numbers]
-    return addrs.tolist()
+        ptr_at = workspaces[kind].ptr_at
+        for t in tensors.tolist():
+            out[t] = ptr_at(int(offsets[t]))
+    for t, j in zip(layout.weight_tensors.tolist(), layout.weight_numbers.tolist()):
+        out[t] = weight_ptrs[j]
+    return out
 
 
-def prepare_instruction(contents: BundleContents, plan: KeyPlan, task: CompiledTask, pos: int, choice: int,
-                        addrs: list[int], workspaces: dict[str, Storage], streams: dict[str, object],
-                        backends: dict[str, BackendBase], device_index: dict[str, int]) -> tuple[Any, BackendBase | None]:
-    """Bind instruction ``pos`` (candidate ``choice``) to ``addrs``; returns the launch and its backend
+def launch_dims(task: CompiledTask, choice: int, symbol_values: Sequence[int]) -> LaunchDims | None:
+    """The candidate's launch geometry at these symbol values (``None`` when it declares none)."""
+    spec = task.candidates[choice].spec
+    if spec.launch is None:
+        return None
+    try:
+        return spec.launch.evaluate(spec.symbols, symbol_values)
+    except ExprError as exc:
+        values = ", ".join(f"{s}={v}" for s, v in zip(spec.symbols, symbol_values))
+        raise KernelError(f"{spec.describe()}: launch dimensions at {values}: {exc}") from None
+
+
+def prepare_instruction(ctx: RunContext, task: CompiledTask, pos: int, choice: int, ptrs: list[Any]) -> tuple[Any, BackendBase | None]:
+    """Bind instruction ``pos`` (candidate ``choice``) to ``ptrs``; returns the launch and its backend
     (``None`` for the core's copy tasks, which cannot be fused)."""
-    ex = contents.execution
+    plan = ctx.plan
+    ex = ctx.contents.execution
     ins = ex.instructions[pos]
     if task.is_copy:
         src_kind, dst_kind = ex.tensor_device[ins.inputs[0]], ex.tensor_device[ins.outputs[0]]
-        launch = CopyLaunch(task.name, backends[src_kind], backends[dst_kind], addrs[0], addrs[1],
-                            plan.nbytes[ins.inputs[0]], streams.get(src_kind), streams.get(dst_kind),
-                            device_index[src_kind])
+        index = ctx.devices.index
+        launch = CopyLaunch(task.name, ctx.backend(src_kind), ctx.backend(dst_kind), ptrs[0], ptrs[1],
+                            plan.nbytes[ins.inputs[0]], ctx.streams.get(src_kind), ctx.streams.get(dst_kind),
+                            index[src_kind])
         return launch, None
     nbytes = plan.scratch_nbytes[pos]
     kind = plan.layout.scratch_kind[pos]
-    ws = workspaces[kind].addr + int(plan.scratch_offsets[pos]) if nbytes and kind is not None else 0
-    launch = task.candidates[choice].prepare(addrs, plan.kernel_symbols[pos], ws, streams.get(task.meta.device))
+    scratch = ctx.workspaces[kind].ptr_at(int(plan.scratch_offsets[pos])) if nbytes and kind is not None else None
+    symbols = plan.kernel_symbols[pos]
+    launch = task.candidates[choice].prepare(ptrs, symbols, scratch, ctx.streams.get(task.meta.device),
+                                             launch_dims(task, choice, symbols))
     return launch, task.backend
 
 
@@ -65,11 +95,11 @@ class PreparedRun:
     __slots__ = ("plan", "calls", "launch_of_call", "input_patches", "slot_patches", "slot_alloc", "wrap_outputs",
                  "_keep")
 
-    def __init__(self, contents: BundleContents, plan: KeyPlan, tasks: Sequence[CompiledTask], choices: Sequence[int],
-                 weights: Sequence[Tensor], workspaces: dict[str, Storage], streams: dict[str, object],
-                 backends: dict[str, BackendBase], device_index: dict[str, int], registry: Registry):
-        ex = contents.execution
-        static = resolve_static_addresses(plan, weights, workspaces)
+    def __init__(self, ctx: RunContext, tasks: Sequence[CompiledTask], choices: Sequence[int],
+                 weights: Sequence[Tensor]):
+        plan = ctx.plan
+        ex = ctx.contents.execution
+        static = resolve_static_pointers(ctx, weights)
         layout_where, layout_index = plan.layout.where, plan.layout.index
         input_patches: list[list[tuple[Callable[[int, int], None], int]]] = [[] for _ in ex.inputs_index]
         slot_patches: list[list[tuple[Callable[[int, int], None], int]]] = [[] for _ in plan.output_slots]
@@ -78,9 +108,7 @@ class PreparedRun:
         for pos, ins in enumerate(ex.instructions):
             task = tasks[ins.task_idx]
             tensors = (*ins.inputs, *ins.outputs)
-            launch, backend = prepare_instruction(contents, plan, task, pos, choices[ins.task_idx],
-                                                  [static[t] for t in tensors], workspaces, streams, backends,
-                                                  device_index)
+            launch, backend = prepare_instruction(ctx, task, pos, choices[ins.task_idx], [static[t] for t in tensors])
             for a, t in enumerate(tensors):
                 where, index = layout_where[t], layout_index[t]
                 if where == INPUT:
@@ -111,37 +139,38 @@ class PreparedRun:
         self.launch_of_call = launch_of_call
         self.input_patches = tuple(tuple(p) for p in input_patches)
         self.slot_patches = tuple(tuple(p) for p in slot_patches)
-        self.slot_alloc = tuple(backends[s.kind].prepare_allocation(s.nbytes, device_index[s.kind])
+        backends, index = ctx.devices.backends, ctx.devices.index
+        self.slot_alloc = tuple(backends[s.kind].prepare_allocation(s.nbytes, index[s.kind], ctx.streams.get(s.kind))
                                 for s in plan.output_slots)
-        self.wrap_outputs = OutputWrapper(contents, plan, backends, device_index, registry).wrap
+        self.wrap_outputs = OutputWrapper(ctx).wrap
         self._keep = keep
 
-    def run(self, input_addrs: Sequence[int], inputs: Sequence[Any],
+    def run(self, input_ptrs: Sequence[Any], inputs: Sequence[Any],
             out_storages: Sequence[Storage] | None = None) -> list[Tensor]:
         # patch() and launch() inlined: this is the per-run path (issue 2 budget: 10 µs per run).
-        for patches, addr in zip(self.input_patches, input_addrs):
+        for patches, ptr in zip(self.input_patches, input_ptrs):
             for set_tensor, a in patches:
-                set_tensor(a, addr)
+                set_tensor(a, ptr)
         if out_storages is None:
             out_storages = [allocate() for allocate in self.slot_alloc]
         for patches, storage in zip(self.slot_patches, out_storages):
-            addr = storage.addr
+            ptr = storage.ptr
             for set_tensor, a in patches:
-                set_tensor(a, addr)
+                set_tensor(a, ptr)
         for call in self.calls:
             code = call()
             if code:
                 self._fail(call, code)
-        return self.wrap_outputs(input_addrs, inputs, out_storages)
+        return self.wrap_outputs(input_ptrs, inputs, out_storages)
 
-    def patch(self, input_addrs: Sequence[int], out_storages: Sequence[Storage]) -> None:
+    def patch(self, input_ptrs: Sequence[Any], out_storages: Sequence[Storage]) -> None:
         """Point every launch at these inputs and outputs (a captured graph does it once)."""
-        for patches, addr in zip(self.input_patches, input_addrs):
+        for patches, ptr in zip(self.input_patches, input_ptrs):
             for set_tensor, a in patches:
-                set_tensor(a, addr)
+                set_tensor(a, ptr)
         for patches, storage in zip(self.slot_patches, out_storages):
             for set_tensor, a in patches:
-                set_tensor(a, storage.addr)
+                set_tensor(a, storage.ptr)
 
     def launch(self) -> None:
         """Make every call with the addresses last patched; ``KernelError`` on a failing kernel."""
@@ -165,19 +194,20 @@ class OutputWrapper:
 
     __slots__ = ("outputs", "output_meta", "copies", "registry")
 
-    def __init__(self, contents: BundleContents, plan: KeyPlan, backends: dict[str, BackendBase],
-                 device_index: dict[str, int], registry: Registry):
-        ex = contents.execution
-        self.registry = registry
+    def __init__(self, ctx: RunContext):
+        plan = ctx.plan
+        ex = ctx.contents.execution
+        self.registry = ctx.devices.registry
         self.outputs = plan.outputs
-        self.output_meta = tuple((sig.dtype, plan.shapes[t]) for sig, t in zip(contents.meta.outputs, ex.outputs_index))
+        self.output_meta = tuple((sig.dtype, plan.shapes[t])
+                                 for sig, t in zip(ctx.contents.meta.outputs, ex.outputs_index))
         # Inputs returned as outputs without share_map are copied into their fresh output buffer.
         self.copies = tuple(
-            (k, backends[plan.output_slots[ref].kind], plan.nbytes[ex.outputs_index[k]], ex.outputs_index[k],
-             device_index[plan.output_slots[ref].kind])
+            (k, ctx.backend(plan.output_slots[ref].kind), plan.nbytes[ex.outputs_index[k]], ex.outputs_index[k],
+             ctx.streams.get(plan.output_slots[ref].kind))
             for k, (what, ref) in enumerate(plan.outputs) if what == "copy")
 
-    def wrap(self, input_addrs: Sequence[int], inputs: Sequence[Any], out_storages: Sequence[Storage]) -> list[Tensor]:
+    def wrap(self, input_ptrs: Sequence[Any], inputs: Sequence[Any], out_storages: Sequence[Storage]) -> list[Tensor]:
         result = []
         for (what, ref), (dtype, shape) in zip(self.outputs, self.output_meta):
             if what == "input":
@@ -188,7 +218,7 @@ class OutputWrapper:
                     result.append(tensor_from_numpy(x))
             else:
                 result.append(Tensor(out_storages[ref], dtype, shape, 0, registry=self.registry))
-        for k, backend, nbytes, src, index in self.copies:
+        for k, backend, nbytes, src, stream in self.copies:
             if nbytes:
-                backend.copy_device(result[k].addr, input_addrs[src], nbytes, backend.current_stream(index))
+                backend.copy_device(result[k].ptr, input_ptrs[src], nbytes, stream)
         return result

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import attrs
 
 if TYPE_CHECKING:
     from engine.runtime.compiled_graph import CompiledGraph
+    from engine.runtime.runtime import GraphRuntime
 
 __all__ = ["graph_table", "memory_report", "SlotMemory", "MemoryReport", "format_bytes"]
 
@@ -39,7 +40,7 @@ def graph_table(graph: "CompiledGraph") -> str:
     for name, sig in zip(out_names, meta.outputs):
         rows.append(["output", name, sig.dtype.name, sig.shape_str(), sig.device])
     weights = graph.weights
-    entries = graph._contents.weight_entries or ()
+    entries = graph.runtime.contents.weight_entries or ()
     n_params = sum(_prod(e.shape) for e in entries)
     total = sum(e.nbytes for e in entries)
     status = "not loaded (call set_weights)" if weights is None else "loaded"
@@ -87,18 +88,17 @@ class MemoryReport(dict):
         return _table(["slot", "kind", "planned", "lower bound", "ratio", "no reuse"], rows)
 
 
-def memory_report(graph: "CompiledGraph", symbols: Mapping[str, Any]) -> MemoryReport:
-    meta = graph.meta
-    missing = [s for s in meta.symbols if s not in symbols]
-    extra = [s for s in symbols if s not in meta.symbols]
+def memory_report(symbol_names: Sequence[str], runtime: "GraphRuntime", symbols: Mapping[str, Any]) -> MemoryReport:
+    missing = [s for s in symbol_names if s not in symbols]
+    extra = [s for s in symbols if s not in symbol_names]
     if missing or extra:
         from engine.errors import InputError
-        raise InputError(f"memory_report needs exactly the symbols {list(meta.symbols)}; missing {missing}, "
+        raise InputError(f"memory_report needs exactly the symbols {list(symbol_names)}; missing {missing}, "
                          f"unknown {extra}")
-    key = tuple(int(symbols[s]) for s in meta.symbols)
-    plan = graph._key_plan(key)  # the plan runs use, cached per key
+    key = tuple(int(symbols[s]) for s in symbol_names)
+    plan = runtime.key_plan(key)  # the plan runs use, cached per key
     report = MemoryReport()
-    for kind, backend in graph._backends.items():
+    for kind, backend in runtime.devices.backends.items():
         slot = backend.workspace_slot
         report[slot] = SlotMemory(slot, kind, plan.workspace_bytes.get(kind, 0), plan.lower_bound_bytes.get(kind, 0),
                                   plan.no_reuse_bytes.get(kind, 0))

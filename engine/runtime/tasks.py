@@ -7,14 +7,17 @@ prepared launch so the fast path treats every step alike.
 
 from __future__ import annotations
 
-from typing import NoReturn, Sequence
+from typing import Any, NoReturn, Sequence
 
 import attrs
+import numpy as np
 
 from engine.backend import BackendBase, BinaryPayload, CandidateSpec, Kernel, LaunchConfig
 from engine.bundle.contents import BundleContents
 from engine.bundle.schema import KernelMeta
 from engine.errors import KernelError
+from engine.hostptr import array_address
+from engine.tensor import host_wait
 
 __all__ = ["CompiledTask", "CopyLaunch", "load_tasks"]
 
@@ -43,42 +46,46 @@ class CompiledTask:
 
 
 class CopyLaunch:
-    """A cross-device (or same-device) copy of ``nbytes`` from tensor 0 to tensor 1."""
+    """A cross-device (or same-device) copy of ``nbytes`` from tensor 0 to tensor 1.
 
-    __slots__ = ("addrs", "nbytes", "_copy", "call", "name")
+    Each side's work goes on that side's stream; where the host is in between (a device to host
+    copy, or staging between two device kinds) it waits for an event on the source's stream, never
+    for a whole device.
+    """
 
-    def __init__(self, name: str, src: BackendBase, dst: BackendBase, src_addr: int, dst_addr: int, nbytes: int,
-                 src_stream: object, dst_stream: object, src_index: int):
+    __slots__ = ("ptrs", "nbytes", "_copy", "call", "name")
+
+    def __init__(self, name: str, src: BackendBase, dst: BackendBase, src_ptr: Any, dst_ptr: Any, nbytes: int,
+                 src_stream: Any, dst_stream: Any, src_index: int):
         self.name = name
-        self.addrs = [src_addr, dst_addr]
+        self.ptrs = [src_ptr, dst_ptr]
         self.nbytes = nbytes
         if src is dst:
             self._copy = lambda s, d, n: src.copy_device(d, s, n, dst_stream)
         elif src.host_accessible:
             self._copy = lambda s, d, n: dst.copy_from_host(d, s, n, dst_stream)
         elif dst.host_accessible:
-            def to_host(s: int, d: int, n: int) -> None:
+            def to_host(s: Any, d: int, n: int) -> None:
                 src.copy_to_host(d, s, n, src_stream)
-                src.synchronize(src_index)
+                host_wait(src, src_index, src_stream)
             self._copy = to_host
         else:
-            def via_host(s: int, d: int, n: int) -> None:
-                import numpy as np
+            def via_host(s: Any, d: Any, n: int) -> None:
                 staging = np.empty(n, np.uint8)
-                addr = staging.ctypes.data
+                addr = array_address(staging)
                 src.copy_to_host(addr, s, n, src_stream)
-                src.synchronize(src_index)
+                host_wait(src, src_index, src_stream)
                 dst.copy_from_host(d, addr, n, dst_stream)
             self._copy = via_host
         self.call = self._run
 
     def _run(self) -> int:
         if self.nbytes:
-            self._copy(self.addrs[0], self.addrs[1], self.nbytes)
+            self._copy(self.ptrs[0], self.ptrs[1], self.nbytes)
         return 0
 
-    def set_tensor(self, index: int, addr: int) -> None:
-        self.addrs[index] = addr
+    def set_tensor(self, index: int, ptr: Any) -> None:
+        self.ptrs[index] = ptr
 
     def fail(self, code: int) -> NoReturn:
         raise KernelError(f"copy task {self.name!r} failed with code {code}")
@@ -107,7 +114,7 @@ def load_tasks(contents: BundleContents, backends: dict[str, BackendBase],
                 loaded.append(backend.load_kernel(spec, index))
             except KernelError:
                 raise
-            except Exception as exc:  # a plugin bug must still say which kernel it was loading
+            except Exception as exc:  # a plugin bug (outside BackendBase's loop) must still name the kernel
                 raise KernelError(f"{spec.describe()}: the {meta.device} plugin failed to load it: "
                                   f"{type(exc).__name__}: {exc}") from exc
         tasks.append(CompiledTask(k, meta, backend, index, tuple(loaded)))

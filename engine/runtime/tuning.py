@@ -31,8 +31,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from engine.backend import BackendBase
-from engine.bundle.contents import BundleContents
-from engine.runtime.plan import KeyPlan
+from engine.runtime.context import RunContext
 from engine.runtime.tasks import CompiledTask
 from engine.storage import Storage
 
@@ -138,29 +137,28 @@ def launch_runner(launch: Any) -> Callable[[], None]:
     return run_once
 
 
-def timing_operands(contents: BundleContents, plan: KeyPlan, task: CompiledTask, pos: int, addrs: Sequence[int],
-                    streams: dict[str, object]) -> tuple[list[int], list[Storage]]:
-    """Operand addresses safe to run instruction ``pos`` repeatedly on, and the clones they use.
+def timing_operands(ctx: RunContext, task: CompiledTask, pos: int, ptrs: Sequence[Any]) -> tuple[list[Any], list[Storage]]:
+    """Operand pointers safe to run instruction ``pos`` repeatedly on, and the clones they use.
 
     An output written in place over an input (``share_map``) is redirected, together with that
     input, to a fresh copy of the input. Keep the returned storages alive while timing.
     """
-    ins = contents.execution.instructions[pos]
-    out = list(addrs)
+    ins = ctx.contents.execution.instructions[pos]
+    out = list(ptrs)
     clones: list[Storage] = []
     if not task.meta.share_map:
         return out, clones
     backend = task.backend
-    stream = streams.get(task.meta.device)
+    stream = ctx.streams.get(task.meta.device)
     n_in = len(ins.inputs)
     for out_arg, in_arg in task.meta.share_map.items():
-        nbytes = plan.nbytes[ins.inputs[in_arg]]
-        clone = backend.allocate(nbytes, task.device_index)
+        nbytes = ctx.plan.nbytes[ins.inputs[in_arg]]
+        clone = backend.allocate(nbytes, task.device_index, stream)
         clones.append(clone)
         if nbytes:
-            backend.copy_device(clone.addr, addrs[in_arg], nbytes, stream)
-        out[in_arg] = clone.addr
-        out[n_in + out_arg] = clone.addr
+            backend.copy_device(clone.ptr, ptrs[in_arg], nbytes, stream)
+        out[in_arg] = clone.ptr
+        out[n_in + out_arg] = clone.ptr
     return out, clones
 
 
@@ -179,26 +177,29 @@ def _repeated(run_once: Callable[[], None], calls: int) -> Callable[[], None]:
 class _Clock:
     """Calls ``Backend.time`` and adds the wall time it took to ``elapsed`` (overhead accounting)."""
 
-    __slots__ = ("backend", "device_index", "elapsed")
+    __slots__ = ("backend", "device_index", "stream", "elapsed")
 
-    def __init__(self, backend: BackendBase, device_index: int):
+    def __init__(self, backend: BackendBase, device_index: int, stream: Any):
         self.backend = backend
         self.device_index = device_index
+        self.stream = stream
         self.elapsed = 0.0
 
     def time(self, fn: Callable[[], None], warmup: int, repeat: int) -> list[float]:
         start = time.perf_counter()
         try:
-            return self.backend.time(fn, warmup=warmup, repeat=repeat, device_index=self.device_index)
+            return self.backend.time(fn, stream=self.stream, warmup=warmup, repeat=repeat,
+                                     device_index=self.device_index)
         finally:
             self.elapsed += time.perf_counter() - start
 
 
 def tune_instruction(runners: Sequence[Callable[[], None]], backend: BackendBase, device_index: int,
-                     options: TuningOptions, *, instruction: int, task: int) -> CandidateTiming:
-    """Time every candidate runner (one per candidate, on timing operands) and pick one."""
+                     options: TuningOptions, *, instruction: int, task: int, stream: Any = None) -> CandidateTiming:
+    """Time every candidate runner (one per candidate, on timing operands, queuing on ``stream``)
+    and pick one."""
     count = len(runners)
-    clock = _Clock(backend, device_index)
+    clock = _Clock(backend, device_index, stream)
     if count == 1:  # nothing to choose; callers normally skip single-candidate tasks
         return CandidateTiming(instruction, task, (0.0,), 0, (0.0,), (0,), (1,), (), 0.0)
     calls = []

@@ -17,7 +17,7 @@ from engine.errors import InputError
 from engine.hostptr import array_address
 from engine.plugins import Registry
 from engine.storage import ExternalStorage
-from engine.tensor import Tensor, from_dlpack
+from engine.tensor import Tensor, from_dlpack, host_wait, order_after
 
 __all__ = ["place_weights", "upload_host_array", "check_weights"]
 
@@ -37,11 +37,12 @@ def upload_host_array(array: np.ndarray, backend: BackendBase, device: Device, *
         storage = ExternalStorage(device, array_address(array), nbytes, owner=array,
                                   host_view=host)
         return Tensor(storage, dtype, tuple(array.shape), 0, registry=registry)
-    storage = backend.allocate(nbytes, device.index)
+    stream = backend.current_stream(device.index)
+    storage = backend.allocate(nbytes, device.index, stream)
     if nbytes:
-        backend.copy_from_host(storage.addr, array_address(array), nbytes,
-                               backend.current_stream(device.index))
-        backend.synchronize(device.index)
+        # The host bytes may be reused once the call returns (contract: pageable-copy semantics);
+        # kernels queued later on the stream see them.
+        backend.copy_from_host(storage.ptr, array_address(array), nbytes, stream)
     return Tensor(storage, dtype, tuple(array.shape), 0, registry=registry)
 
 
@@ -96,9 +97,13 @@ def check_weights(weights: Sequence[Any], contents: BundleContents, devices: dic
             if tuple(tensor.shape) != shape:
                 raise InputError(f"{label}: expected shape {list(shape)}, got {list(tensor.shape)}")
             backend = backends[kind]
-            storage = backend.allocate(tensor.nbytes, devices[kind].index)
+            index = devices[kind].index
+            stream = backend.current_stream(index)
+            storage = backend.allocate(tensor.nbytes, index, stream)
             if tensor.nbytes:
-                backend.copy_device(storage.addr, tensor.addr, tensor.nbytes, backend.current_stream(devices[kind].index))
+                order_after(backend, index, tensor.storage.stream, stream)
+                backend.copy_device(storage.ptr, tensor.ptr, tensor.nbytes, stream)
+                host_wait(backend, index, stream)  # the caller may free or change its tensor on return
             out.append(Tensor(storage, sig.dtype, shape, 0, registry=registry))
             continue
         if not isinstance(w, np.ndarray):
@@ -110,6 +115,4 @@ def check_weights(weights: Sequence[Any], contents: BundleContents, devices: dic
             raise InputError(f"{label}: expected shape {list(shape)}, got {list(w.shape)}")
         out.append(upload_host_array(np.array(w, order="C", copy=True), backends[kind], devices[kind],
                                      zero_copy=True, registry=registry))
-    for b in backends.values():
-        b.synchronize()
     return out

@@ -40,6 +40,7 @@ def collect(registry) -> dict:
             "api_version": None if r.api_version is None else f"{r.api_version[0]}.{r.api_version[1]}",
             "workspace_slot": r.workspace_slot,
             "reason": r.reason,
+            "driver": r.driver,
         })
     failures = [{"plugin": f.plugin, "distribution": f.distribution, "version": f.version, "cause": f.cause,
                  "kinds": list(f.kinds), "details": f.details} for f in registry.failures()]
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         detail = ", ".join(r["device_names"]) if r["available"] else (r["reason"] or "unavailable")
         if r["available"] and r["reason"]:
             detail += f" ({r['reason']})"
+        if r["driver"]:
+            detail += f"; {r['driver']}"
         rows.append([r["kind"], "yes" if r["available"] else "no", r["device_count"],
                      "-" if r["workspace_slot"] is None else r["workspace_slot"], r["api_version"] or "-", plugin,
                      detail])

@@ -1,20 +1,23 @@
-"""The compiler and program-loader roles: C source to shared objects, binaries to kernels.
+"""The compiler and program-loader roles: C source to shared objects, one binary to a kernel.
 
-Per candidate the loader takes the *first* binary it can use, in the bundle's order: an
-``elf-so`` built for this machine's target, else a ``c-source`` it compiles with ``cc``. When
-none fits, the error lists every binary and why it was refused.
+The engine picks the binary (``BackendBase.load_kernel``): it asks ``Programs.unloadable`` about
+each binary of a candidate in the bundle's order and hands the first one that fits to ``load``.
+Here that is an ``elf-so`` built for this machine's target, else a ``c-source`` compiled with
+``cc``. A shared object that passes that check but still does not open (a missing library, an
+unresolved symbol) raises ``BinaryRefused``: the engine then tries the next binary, and lists the
+reason if none loads. A source that does not compile is a broken bundle: ``KernelError``.
 
-Shared objects are published at ``<cache_dir>/template/so/<sha256>.so`` (atomically, and an
-existing file is only trusted if its bytes hash to its name) and opened with ``RTLD_LOCAL`` so
-two kernels' symbols never collide. Libraries are never closed: a live function pointer into an
-unloaded library would crash the process.
+Shared objects are published through ``engine.backend.cachefiles.ContentStore`` at
+``<cache_dir>/template/so/<sha256>.so`` (atomically, and an existing file is only trusted if its
+bytes hash to its name) and opened with ``RTLD_LOCAL`` so two kernels' symbols never collide.
+Libraries are never closed: a live function pointer into an unloaded library would crash the
+process.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 import platform
 import shutil
 import subprocess
@@ -23,7 +26,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from engine.backend import CandidateSpec
+from engine.backend import BinaryPayload, BinaryRefused, CandidateSpec
+from engine.backend.cachefiles import ContentStore, sha256_hex
 from engine.errors import KernelError
 
 from engine_template.kernel import TemplateKernel
@@ -46,7 +50,7 @@ class Programs:
     """Compiles C, opens shared objects (once per content hash) and binds candidates."""
 
     def __init__(self, cache_dir: Path, cc: str = "cc"):
-        self.so_dir = Path(cache_dir) / "template" / "so"
+        self.store = ContentStore(Path(cache_dir) / "template" / "so", ".so")
         self.cc = cc
         self._built: dict[str, bytes] = {}
         self._libraries: dict[str, ctypes.CDLL] = {}
@@ -79,56 +83,47 @@ class Programs:
         return data
 
     def open_library(self, data: bytes | memoryview) -> ctypes.CDLL:
-        sha = hashlib.sha256(data).hexdigest()
+        """The opened shared object (once per content hash).
+
+        ``KernelError`` when the cache cannot be written; ``BinaryRefused`` when the object does
+        not open here (the engine then tries the candidate's next binary).
+        """
+        sha = sha256_hex(data)
         with self._lock:
             library = self._libraries.get(sha)
             if library is None:
-                path = self.so_dir / f"{sha}.so"
-                if not _holds(path, sha):
-                    _publish(path, data)
-                library = self._libraries[sha] = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+                try:
+                    path = self.store.publish(data, sha)
+                except OSError as exc:
+                    raise KernelError(f"cannot write {self.store.path_for(sha)}: {exc}; "
+                                      "set ENGINE_CACHE_DIR to a writable directory") from exc
+                try:
+                    library = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+                except OSError as exc:
+                    raise BinaryRefused(f"cannot open the shared object: {exc}") from exc
+                self._libraries[sha] = library
             return library
 
-    def load_kernel(self, spec: CandidateSpec) -> TemplateKernel:
-        refused = []
-        for binary in spec.binaries:
-            reason = self.unloadable(binary.format, binary.target)
-            if reason is not None:
-                refused.append(f"{binary.path} ({binary.format}, {binary.target}): {reason}")
-                continue
-            where = f"{spec.describe()}: {binary.path} ({binary.format}, {binary.target})"
+    def load(self, spec: CandidateSpec, binary: BinaryPayload) -> TemplateKernel:
+        """The candidate's entry from ``binary``, which ``unloadable`` accepted."""
+        where = f"{spec.describe()}: {binary.describe()}"
+        if binary.format == "elf-so":
+            data = binary.data
+        else:
             try:
-                data = binary.data if binary.format == "elf-so" else self.compile_c(bytes(binary.data).decode())
-                library = self.open_library(data)
-            except (KernelError, OSError, UnicodeDecodeError) as exc:
+                data = self.compile_c(bytes(binary.data).decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise KernelError(f"{where}: the C source is not UTF-8: {exc}") from exc
+            except KernelError as exc:
                 raise KernelError(f"{where}: {exc}") from exc
-            try:
-                function = library[spec.entry]
-            except AttributeError:
-                raise KernelError(f"{where} does not export the entry symbol {spec.entry!r}") from None
-            return TemplateKernel(spec, binary, library, function)
-        raise KernelError(f"{spec.describe()}: no loadable binary: {'; '.join(refused) or 'none listed'}; "
-                          f"rebuild the bundle for {host_target()} or ship a c-source binary")
-
-
-def _holds(path: Path, sha: str) -> bool:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest() == sha
-    except OSError:
-        return False
-
-
-def _publish(path: Path, data: bytes | memoryview) -> None:
-    """Write ``data`` so readers see no file or the whole file: temp file, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        try:
+            library = self.open_library(data)
+        except BinaryRefused:
+            raise  # the engine lists the reason beside this binary's name
+        except KernelError as exc:
+            raise KernelError(f"{where}: {exc}") from exc
+        try:
+            function = library[spec.entry]
+        except AttributeError:
+            raise KernelError(f"{where} does not export the entry symbol {spec.entry!r}") from None
+        return TemplateKernel(spec, binary, library, function)

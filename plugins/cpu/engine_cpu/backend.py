@@ -8,8 +8,11 @@ compiled or loaded. Configuration is read once here, never deep in the code:
 * ``num_threads``: defaults to ``ENGINE_CPU_NUM_THREADS``; ``None`` leaves OpenMP's default;
 * ``cc``: defaults to ``$CC``, else ``cc``.
 
-Everything is synchronous on the CPU: streams are ``None``, ``synchronize`` is a no-op, and the
-inherited ``time()`` (host monotonic clock) is exact.
+Everything is synchronous on the CPU: streams are ``None`` (a stream passed in is ignored),
+``synchronize`` is a no-op, device pointers are host addresses (``int``), and the inherited
+``create_event`` (``HostEvent``) and ``time()`` are exact. Binary selection is the core's
+(``BackendBase.load_kernel``); this backend says what it can load (``loadable``) and loads one
+binary (``_load_binary``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import threading
 from pathlib import Path
 from typing import Callable, ClassVar, Mapping, Sequence
 
-from engine.backend import Availability, BackendBase, BinaryPayload, CandidateSpec, PreparedLaunch
+from engine.backend import (Availability, BackendBase, BinaryPayload, CandidateSpec, PreparedLaunch,
+                            ReferenceKernel, Stream)
 from engine.device import Device
 from engine.errors import DeviceUnavailableError, KernelError, Unsupported
 from engine.settings import Settings
@@ -32,6 +36,7 @@ from engine_cpu.fused import RUNNER_ENTRY, RUNNER_SOURCE, CpuFusedLaunch, bind_r
 from engine_cpu.host import cpu_description, host_target
 from engine_cpu.kernel import CpuKernel, CpuPreparedLaunch
 from engine_cpu.program import FORMATS, ProgramLoader
+from engine_cpu.reference import reference_kernels
 
 __all__ = ["CpuBackend", "NUM_THREADS_ENV"]
 
@@ -56,11 +61,13 @@ class CpuBackend(BackendBase):
 
     kind: ClassVar[str] = "cpu"
     workspace_slot: ClassVar[int] = 0
+    api_version: ClassVar[tuple[int, int]] = (2, 0)
     dlpack_device_type: ClassVar[int] = 1  # kDLCPU
     formats: ClassVar[tuple[str, ...]] = FORMATS
     languages: ClassVar[tuple[str, ...]] = ("c",)
     alignment: ClassVar[int] = 64
     host_accessible: ClassVar[bool] = True
+    rebuild_hint: ClassVar[str] = "rebuild the bundle or ship a c-source binary"
 
     def __init__(self, cache_dir: Path | None = None, num_threads: int | None = None, *,
                  cc: str | None = None):
@@ -94,37 +101,43 @@ class CpuBackend(BackendBase):
             raise DeviceUnavailableError(f"cpu:{device_index}: the cpu backend has one device, cpu:0")
 
     # -- allocator -----------------------------------------------------------------------------
-    def _allocate(self, nbytes: int, device_index: int) -> Storage:
+    def _allocate(self, nbytes: int, device_index: int, stream: Stream) -> Storage:
         self._check_index(device_index)
         return self._allocator.allocate(nbytes)
 
-    def prepare_allocation(self, nbytes: int, device_index: int = 0) -> Callable[[], Storage]:
-        if not isinstance(nbytes, int) or nbytes < 0:
+    def prepare_allocation(self, nbytes: int, device_index: int = 0,
+                           stream: Stream = None) -> Callable[[], Storage]:
+        """A factory that allocates straight from numpy, without ``allocate``'s checks per call."""
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
             raise ValueError(f"allocation size must be a non-negative int, got {nbytes!r}")
         self._check_index(device_index)
         return self._allocator.factory(nbytes)
 
-    def copy_from_host(self, dst_addr: int, src_addr: int, nbytes: int, stream: object = None) -> None:
-        allocator.copy(dst_addr, src_addr, nbytes)
+    def copy_from_host(self, dst: int, src_host: int, nbytes: int, stream: Stream = None) -> None:
+        allocator.copy(dst, src_host, nbytes)
 
-    def copy_to_host(self, dst_addr: int, src_addr: int, nbytes: int, stream: object = None) -> None:
-        allocator.copy(dst_addr, src_addr, nbytes)
+    def copy_to_host(self, dst_host: int, src: int, nbytes: int, stream: Stream = None) -> None:
+        allocator.copy(dst_host, src, nbytes)
 
-    def copy_device(self, dst_addr: int, src_addr: int, nbytes: int, stream: object = None) -> None:
-        allocator.copy(dst_addr, src_addr, nbytes)
+    def copy_device(self, dst: int, src: int, nbytes: int, stream: Stream = None) -> None:
+        allocator.copy(dst, src, nbytes)
 
-    def memset(self, addr: int, value: int, nbytes: int, stream: object = None) -> None:
-        allocator.memset(addr, value, nbytes)
+    def memset(self, dst: int, value: int, nbytes: int, stream: Stream = None) -> None:
+        allocator.memset(dst, value, nbytes)
 
     # -- programs ------------------------------------------------------------------------------
-    def load_kernel(self, spec: CandidateSpec, device_index: int = 0) -> CpuKernel:
-        self._check_index(device_index)
-        return self.loader.load_kernel(spec)
-
     def loadable(self, binary_format: str, target: str, device_index: int = 0) -> str | None:
         if device_index != 0:
             return f"the cpu backend has one device, cpu:0 (asked for cpu:{device_index})"
         return self.loader.loadable(binary_format, target)
+
+    def _load_binary(self, spec: CandidateSpec, binary: BinaryPayload, device_index: int) -> CpuKernel:
+        self._check_index(device_index)
+        return self.loader.load(spec, binary)
+
+    def reference_kernels(self) -> Mapping[str, ReferenceKernel]:
+        """The reference kernels in C (``engine_cpu.reference``)."""
+        return reference_kernels()
 
     # -- compiler ------------------------------------------------------------------------------
     def compile(self, source: str, language: str = "c",

@@ -4,10 +4,11 @@ Flags are deliberately portable: ``-O3`` but never ``-march=native`` unless the 
 because bundles built here are loaded on other machines of the same target. ``-lm`` is linked by
 default since numeric kernels routinely call ``expf`` and friends.
 
-Cache: ``<cache_dir>/cpu/build/<key>.so`` plus ``<key>.so.sha256``, where ``key`` is the sha256
-of the source, the compiler's path and version line, and the flags. The source is compiled under
-a fixed file name in a private temp dir so that identical inputs give identical bytes (the ELF
-records the source file name), which keeps concurrent builders' results interchangeable.
+Cache: an ``engine.backend.cachefiles.BuildCache`` at ``<cache_dir>/cpu/build`` (``<key>.so`` plus
+``<key>.so.sha256``), where ``key`` is the sha256 of the source, the compiler's path and version
+line, and the flags. The source is compiled under a fixed file name in a private temp dir so that
+identical inputs give identical bytes (the ELF records the source file name), which keeps
+concurrent builders' results interchangeable.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from engine.backend import BinaryPayload
+from engine.backend.cachefiles import BuildCache, sha256_hex
 from engine.errors import KernelError
 
-from engine_cpu.cache import atomic_write, key_lock, read_verified, sha256_hex
 from engine_cpu.host import host_target
 
 __all__ = ["CCompiler", "CompilerError", "BASE_FLAGS", "OPTIONS", "uses_openmp"]
@@ -66,7 +67,8 @@ class CCompiler:
         self.invocations = 0
         self._identity: str | None = None  # resolved on first compile (runs `cc --version`)
         self._lock = threading.Lock()
-        self._memo: dict[str, bytes] = {}  # key -> verified bytes, so repeat loads skip the disk
+        # Memoizes verified bytes per key, so repeat loads skip the disk.
+        self.cache = BuildCache(self.build_dir, ".so")
 
     # -- identity ------------------------------------------------------------------------------
     def available(self) -> str | None:
@@ -124,34 +126,12 @@ class CCompiler:
     def build(self, source: str, flags: Sequence[str]) -> tuple[str, bytes]:
         """``(cache key, shared-object bytes)`` for ``source``, compiling only on a cache miss."""
         key = self.cache_key(source, flags)
-        data = self._memo.get(key)
-        if data is not None:
-            return key, data
-        so_path = self.build_dir / f"{key}.so"
-        data = self._read_cached(so_path)
-        if data is None:
-            try:
-                with key_lock(self.build_dir / f".{key}.lock"):
-                    data = self._read_cached(so_path)  # another process may have built it meanwhile
-                    if data is None:
-                        data = self._run(source, flags)
-                        atomic_write(so_path, data)
-                        # The hash is published after the object: a reader never trusts a .so whose
-                        # recorded hash is missing or belongs to an older file.
-                        atomic_write(so_path.with_name(so_path.name + ".sha256"), sha256_hex(data).encode())
-            except OSError as exc:
-                raise KernelError(f"cannot write the CPU build cache {self.build_dir}: {exc}; "
-                                  "set ENGINE_CACHE_DIR to a writable directory") from exc
-        self._memo[key] = data
-        return key, data
-
-    @staticmethod
-    def _read_cached(so_path: Path) -> bytes | None:
         try:
-            recorded = so_path.with_name(so_path.name + ".sha256").read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError):
-            return None
-        return read_verified(so_path, recorded)
+            data = self.cache.get_or_build(key, lambda: self._run(source, flags))
+        except OSError as exc:
+            raise KernelError(f"cannot write the CPU build cache {self.build_dir}: {exc}; "
+                              "set ENGINE_CACHE_DIR to a writable directory") from exc
+        return key, data
 
     def _run(self, source: str, flags: Sequence[str]) -> bytes:
         """Compile in a private temp dir under fixed names (reproducible bytes)."""

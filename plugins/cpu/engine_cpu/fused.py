@@ -1,6 +1,6 @@
 """Fusion: run a whole list of prepared CPU launches with one ctypes call.
 
-The per-kernel cost of the fast path is one ctypes call (~0.3-1 µs). For plans of many small
+The per-kernel cost of the fast path is one ctypes call. For plans of many small
 kernels a tiny C runner walks the launch list natively instead, so the interpreter is paid once
 per run. The runner reads the *same* argument arrays the prepared launches own (it is given their
 addresses), so ``set_tensor`` patches made after fusing are seen without rebuilding anything.

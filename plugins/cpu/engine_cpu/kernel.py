@@ -5,20 +5,23 @@ Every entry point has the signature::
     int32_t entry(void *const *tensors, const int64_t *symbols, void *workspace);
 
 ``tensors`` holds input pointers then output pointers, ``symbols`` the values of the kernel's
-symbols in order, ``workspace`` is NULL when the kernel has none. The function objects come from
-``ctypes.CDLL``, which releases the GIL for the duration of the call, so threads launching kernels
-on different buffers really run in parallel (the ABI requires kernels to be reentrant).
+symbols in order, ``workspace`` is NULL when the kernel has none. CPU device pointers are plain
+addresses (``int``). The function objects come from ``ctypes.CDLL``, which releases the GIL for
+the duration of the call, so threads launching kernels on different buffers really run in
+parallel (the ABI requires kernels to be reentrant).
 
 The fast path is ``CpuPreparedLaunch.call``: a ``functools.partial`` over a ctypes function with
-argument arrays built once, so one run costs exactly one ctypes call (measured within noise of a
-direct ctypes call). ``set_tensor`` writes into the owned array in place.
+argument arrays built once, so one run costs exactly one ctypes call. ``set_tensor`` writes into
+the owned array in place.
 
 Two function objects point at each entry: ``function`` carries ``argtypes`` (checked conversion,
-used by ``launch`` and by anyone calling it by hand), while prepared launches call an untyped twin.
-With ``argtypes`` ctypes runs ``c_void_p.from_param`` on every argument of every call, which
-measured ~0.4-0.5 µs per call on top of a ~0.5 µs bare call; the prepared arguments are already
-exact ctypes objects (two arrays, passed as pointers, and a ``c_void_p`` or None), so the checks
-buy nothing there.
+for anyone calling it by hand), while prepared launches call an untyped twin. With ``argtypes``
+ctypes runs ``c_void_p.from_param`` on every argument of every call, a cost comparable to the
+call itself; the prepared arguments are already exact ctypes objects (two arrays, passed as
+pointers, and a ``c_void_p`` or None), so the checks buy nothing there.
+
+Argument counts are checked once, in ``KernelBase.prepare``; ``launch`` is inherited (prepare,
+call, and ``fail`` on a non-zero code).
 """
 
 from __future__ import annotations
@@ -27,8 +30,7 @@ import ctypes
 import functools
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
-from engine.backend import BinaryPayload, CandidateSpec, kernel_failure
-from engine.errors import KernelError
+from engine.backend import BinaryPayload, CandidateSpec, KernelBase, LaunchDims, Stream, kernel_failure
 
 if TYPE_CHECKING:
     from engine_cpu.program import Library
@@ -40,17 +42,16 @@ ENTRY_RESTYPE = ctypes.c_int32
 _DEVICE = "cpu"
 
 
-class CpuKernel:
+class CpuKernel(KernelBase):
     """One candidate bound to the library it came from (held strongly: the code must outlive us)."""
 
-    __slots__ = ("spec", "binary", "library", "function", "function_addr", "_untyped", "_apply_threads")
+    device_name = _DEVICE
 
     def __init__(self, spec: CandidateSpec, binary: BinaryPayload, library: "Library",
                  function: ctypes._CFuncPtr, apply_threads: Callable[[], None] | None = None):
+        super().__init__(spec, binary)
         function.argtypes = ENTRY_ARGTYPES
         function.restype = ENTRY_RESTYPE
-        self.spec = spec
-        self.binary = binary
         self.library = library
         self.function = function
         self.function_addr: int = ctypes.cast(function, ctypes.c_void_p).value or 0
@@ -60,31 +61,13 @@ class CpuKernel:
         # Applies the backend's OpenMP thread count in the calling thread (see program.py).
         self._apply_threads = apply_threads
 
-    def launch(self, tensor_addrs: Sequence[int], symbol_values: Sequence[int], workspace_addr: int,
-               stream: object = None) -> None:
-        """Run once, synchronously; ``KernelError`` naming kernel, candidate and code on failure."""
-        code = self.prepare(tensor_addrs, symbol_values, workspace_addr, stream).call()
-        if code != 0:
-            raise kernel_failure(self.spec, code, _DEVICE)
-
-    def prepare(self, tensor_addrs: Sequence[int], symbol_values: Sequence[int], workspace_addr: int,
-                stream: object = None) -> "CpuPreparedLaunch":
-        """Bind the arguments once; ``stream`` is ignored (CPU launches are synchronous)."""
-        spec = self.spec
-        expected = spec.num_inputs + spec.num_outputs
-        if len(tensor_addrs) != expected:
-            raise KernelError(f"{spec.describe()}: got {len(tensor_addrs)} tensor addresses, expected "
-                              f"{expected} ({spec.num_inputs} inputs + {spec.num_outputs} outputs)")
-        if len(symbol_values) != len(spec.symbols):
-            raise KernelError(f"{spec.describe()}: got {len(symbol_values)} symbol values, expected "
-                              f"{len(spec.symbols)} for {list(spec.symbols)}")
+    def _prepare(self, tensors: list[int], symbol_values: list[int], workspace: int | None,
+                 stream: Stream, dims: LaunchDims | None) -> "CpuPreparedLaunch":
+        """Bind the arguments once; ``stream`` and ``dims`` are ignored (CPU launches are synchronous
+        and have no launch geometry)."""
         if self._apply_threads is not None:
             self._apply_threads()
-        workspace = workspace_addr if (spec.has_workspace and workspace_addr) else 0
-        return CpuPreparedLaunch(self, tensor_addrs, symbol_values, workspace)
-
-    def __repr__(self) -> str:
-        return f"<CpuKernel {self.spec.describe()} from {self.binary.path}>"
+        return CpuPreparedLaunch(self, tensors, symbol_values, workspace or 0)
 
 
 class CpuPreparedLaunch:
@@ -100,13 +83,14 @@ class CpuPreparedLaunch:
         self._symbols = (ctypes.c_int64 * len(symbol_values))(*symbol_values)
         # A pre-built c_void_p (or None for NULL) so the per-call conversion is a type check only.
         self._workspace = ctypes.c_void_p(workspace_addr) if workspace_addr else None
+        #: The workspace address the kernel receives, 0 for NULL (read by the fusion runner).
         self.workspace_addr = workspace_addr
         self.tensor_array_addr = ctypes.addressof(self._tensors)
         self.symbol_array_addr = ctypes.addressof(self._symbols)
         self.function_addr = kernel.function_addr
         self.call: Callable[[], int] = functools.partial(kernel._untyped, self._tensors, self._symbols,
                                                          self._workspace)
-        #: ``set_tensor(index, addr)`` points tensor argument ``index`` at ``addr`` for later calls
+        #: ``set_tensor(index, ptr)`` points tensor argument ``index`` at ``ptr`` for later calls
         #: (and fused runs). It is the argument array's own ``__setitem__``: the fast path patches
         #: inputs and outputs with it on every run, and a Python method frame would double its cost.
         self.set_tensor: Callable[[int, int], None] = self._tensors.__setitem__

@@ -1,11 +1,13 @@
-"""The program role: a kernel candidate's binaries to a loaded ``CpuKernel``.
+"""The program role: one binary of a kernel candidate to a loaded ``CpuKernel``.
 
-Per candidate the loader takes the first binary it can use here (DESIGN §3): an ``elf-so`` for
-this machine's target, else a ``c-source`` it compiles. Foreign binaries are skipped with the
-reason remembered, so that when nothing fits the error lists every binary and why it was refused.
+Binary selection is the core's (``BackendBase.load_kernel``): it asks ``ProgramLoader.loadable``
+about each binary in the bundle's order (an ``elf-so`` for this machine's target, or a
+``c-source`` when a compiler exists) and hands the first one that fits to ``load``, which opens
+the shared object or compiles the source first.
 
-Shared objects are published at ``<cache_dir>/cpu/so/<sha256>.so`` (an existing file is re-hashed
-before it is trusted) and opened with ``RTLD_LOCAL`` so two kernels' symbols never collide. Opened
+Shared objects are published in an ``engine.backend.cachefiles.ContentStore`` at
+``<cache_dir>/cpu/so/<sha256>.so`` (an existing file is re-hashed before it is trusted) and opened
+with ``RTLD_LOCAL`` so two kernels' symbols never collide. Opened
 libraries are cached per loader by content hash, so a thousand kernels cut from one ``.so`` open it
 once. Libraries are never closed: ``dlclose`` under a live function pointer would be a crash, and
 each ``CpuKernel`` holds its ``Library`` strongly.
@@ -26,9 +28,9 @@ import threading
 from pathlib import Path
 
 from engine.backend import BinaryPayload, CandidateSpec
+from engine.backend.cachefiles import ContentStore, sha256_hex
 from engine.errors import KernelError
 
-from engine_cpu.cache import atomic_write, read_verified, sha256_hex
 from engine_cpu.compiler import CCompiler, CompilerError, uses_openmp
 from engine_cpu.host import check_elf_header, host_target
 from engine_cpu.kernel import CpuKernel
@@ -36,7 +38,6 @@ from engine_cpu.kernel import CpuKernel
 __all__ = ["Library", "ProgramLoader", "OpenMPThreads", "FORMATS"]
 
 FORMATS = ("elf-so", "c-source")
-_REBUILD_HINT = "rebuild the bundle or ship a c-source binary"
 
 
 class Library:
@@ -84,6 +85,7 @@ class ProgramLoader:
 
     def __init__(self, cache_dir: Path, compiler: CCompiler, num_threads: int | None = None):
         self.so_dir = Path(cache_dir) / "cpu" / "so"
+        self.store = ContentStore(self.so_dir, ".so")
         self.compiler = compiler
         self.threads = OpenMPThreads(num_threads) if num_threads else None
         self._libraries: dict[str, Library] = {}
@@ -100,20 +102,13 @@ class ProgramLoader:
         return f"format {binary_format!r} is not one of cpu's formats {list(FORMATS)}"
 
     # -- loading -------------------------------------------------------------------------------
-    def load_kernel(self, spec: CandidateSpec) -> CpuKernel:
-        refused: list[str] = []
-        for binary in spec.binaries:
-            reason = self.loadable(binary.format, binary.target)
-            if reason is not None:
-                refused.append(f"{binary.path} ({binary.format}, {binary.target}): {reason}")
-                continue
-            library = self._library_for(spec, binary)
-            return self._bind(spec, binary, library)
-        listing = "; ".join(refused) if refused else "the candidate lists no binaries"
-        raise KernelError(f"{spec.describe()}: no loadable binary: {listing}; {_REBUILD_HINT}")
+    def load(self, spec: CandidateSpec, binary: BinaryPayload) -> CpuKernel:
+        """``spec``'s entry from ``binary`` (one ``loadable`` accepted); ``KernelError`` naming both
+        when the object is corrupt, does not load, or lacks the entry."""
+        return self._bind(spec, binary, self._library_for(spec, binary))
 
     def _library_for(self, spec: CandidateSpec, binary: BinaryPayload) -> Library:
-        where = f"{spec.describe()}: {binary.path} ({binary.format}, {binary.target})"
+        where = f"{spec.describe()}: {binary.describe()}"
         if binary.format == "elf-so":
             return self.load_library(binary.data, where)
         try:
@@ -139,12 +134,10 @@ class ProgramLoader:
             if library is not None:
                 return library
             check_elf_header(data, where)
-            path = self.so_dir / f"{sha}.so"
             try:
-                if read_verified(path, sha) is None:  # missing, truncated or tampered: (re)write
-                    atomic_write(path, data)
+                path = self.store.publish(data, sha)  # missing, truncated or tampered: (re)written
             except OSError as exc:
-                raise KernelError(f"{where}: cannot write {path}: {exc}; "
+                raise KernelError(f"{where}: cannot write {self.store.path_for(sha)}: {exc}; "
                                   "set ENGINE_CACHE_DIR to a writable directory") from exc
             try:
                 handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
@@ -161,7 +154,7 @@ class ProgramLoader:
             function = library.handle[spec.entry]
         except AttributeError as exc:
             raise KernelError(
-                f"{spec.describe()}: {binary.path} ({binary.format}, {binary.target}) does not export "
+                f"{spec.describe()}: {binary.describe()} does not export "
                 f"the entry symbol {spec.entry!r}; check the candidate's 'entry' (C++ sources need "
                 "extern \"C\")") from exc
         apply_threads = None

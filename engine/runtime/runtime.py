@@ -1,0 +1,244 @@
+"""``GraphRuntime``: a loaded graph's device and run state, the public seam under ``CompiledGraph``.
+
+``CompiledGraph`` is the user's API (running, tuning, saving); everything it runs *on* lives here,
+each with one owner:
+
+* the devices (``DeviceSet``: one backend and device per kind) and the loaded tasks;
+* the weights, replaced whole by ``set_weights`` (a new *generation*: prepared runs are rebuilt);
+* the memory plans per key (one ``GraphPlanner`` per graph, plans shared by every thread);
+* the *lanes*: per (thread, streams) workspaces and prepared runs, in a ``threading.local``, and
+  the run counters that outlive their threads.
+
+Captures, reports and tools use this object (``graph.runtime``) rather than the graph's private
+attributes. Nothing here is process-global (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import TYPE_CHECKING, Any, Sequence
+
+import attrs
+
+from engine.device import Device
+from engine.errors import DeviceUnavailableError, InputError
+from engine.plugins import Registry
+from engine.runtime.binding import InputBinder
+from engine.runtime.context import DeviceSet, RunContext
+from engine.runtime.plan import GraphPlanner, KeyPlan
+from engine.runtime.tasks import CompiledTask, load_tasks
+from engine.runtime.weights import place_weights
+from engine.runtime.workspace import Workspace
+from engine.storage import Storage
+from engine.tensor import Tensor
+
+if TYPE_CHECKING:
+    from engine.bundle.contents import BundleContents
+    from engine.runtime.prepared import PreparedRun
+
+__all__ = ["GraphRuntime", "Lane", "RunCounters", "RunStats", "open_devices"]
+
+
+@attrs.frozen
+class RunStats:
+    """Counters summed over live threads: how many runs took which path."""
+
+    fast_runs: int
+    slow_runs: int
+    prepared_runs: int
+    tuned_keys: int
+
+
+class RunCounters:
+    """One thread's run counts; kept by the runtime after the thread ends (its lanes are not)."""
+
+    __slots__ = ("fast_runs", "slow_runs", "prepared")
+
+    def __init__(self) -> None:
+        self.fast_runs = 0
+        self.slow_runs = 0
+        self.prepared = 0
+
+
+class Lane:
+    """What one thread owns on one set of streams: its streams, workspaces and prepared runs."""
+
+    __slots__ = ("generation", "runs", "workspaces", "streams", "stream_key", "counters", "__weakref__")
+
+    def __init__(self, generation: int, streams: dict[str, object], counters: RunCounters,
+                 stream_key: tuple[object, ...] = ()):
+        self.generation = generation
+        self.runs: dict[tuple[int, ...], PreparedRun] = {}
+        self.workspaces: dict[str, Workspace] = {}
+        self.streams = streams
+        self.stream_key = stream_key
+        self.counters = counters
+
+
+def open_devices(contents: "BundleContents", registry: Registry, device: str | Device | None) -> tuple[DeviceSet, str]:
+    """The graph's devices (one per kind of the bundle, ``device`` picking the index of its kind) and
+    the tag of their models that tuning results are keyed by."""
+    kinds = contents.analysis.kinds
+    wanted = Device.parse(device) if device is not None else None
+    if wanted is not None and wanted.kind not in kinds:
+        raise InputError(f"device {wanted} was asked for, but the bundle only runs on {', '.join(kinds)}")
+    backends = {}
+    devices = {}
+    names: dict[str, str] = {}
+    for kind in kinds:
+        backend = registry.backend(kind)
+        avail = backend.availability()
+        if not avail.available:
+            raise DeviceUnavailableError(f"device kind {kind!r} is not usable here: {avail.reason or 'unavailable'}")
+        index = wanted.index if wanted is not None and wanted.kind == kind else 0
+        if index >= avail.device_count:
+            raise DeviceUnavailableError(f"{kind}:{index} does not exist ({avail.device_count} {kind} devices)")
+        backends[kind] = backend
+        devices[kind] = Device(kind, index)
+        names[kind] = avail.device_names[index] if index < len(avail.device_names) else ""
+    tag = hashlib.sha256("|".join(f"{k}={names[k]}" for k in sorted(names)).encode()).hexdigest()[:16]
+    return DeviceSet(backends, devices, registry), tag
+
+
+class GraphRuntime:
+    """A graph's devices, tasks, weights, plans and lanes (see the module docstring)."""
+
+    def __init__(self, contents: "BundleContents", devices: DeviceSet):
+        self.contents = contents
+        self.devices = devices
+        self.tasks: tuple[CompiledTask, ...] = load_tasks(contents, dict(devices.backends), dict(devices.index))
+        self._weights = place_weights(contents, dict(devices.backends), dict(devices.devices), devices.registry)
+        devices.synchronize()  # uploads went on this thread's streams; runs on any stream read them
+        self.binder = InputBinder(contents.meta, dict(devices.devices))
+        #: Bumped whenever prepared runs must be rebuilt (new weights, new choices, hooks).
+        self.generation = 0
+        self._plans: dict[tuple[int, ...], KeyPlan] = {}
+        self._planner: GraphPlanner | None = None
+        self._lock = threading.RLock()
+        #: The calling thread's lanes: ``local.lane`` (the current one) and ``local.by_stream``.
+        self.local = threading.local()
+        self._counters: list[RunCounters] = []
+
+    # -- weights -------------------------------------------------------------------------------
+    @property
+    def weights(self) -> list[Tensor] | None:
+        return None if self._weights is None else list(self._weights)
+
+    def require_weights(self) -> list[Tensor]:
+        if self._weights is None:
+            raise InputError("this graph was saved without weights: call set_weights(...) before running it")
+        return self._weights
+
+    def replace_weights(self, weights: list[Tensor]) -> None:
+        self.devices.synchronize()  # the new weights' uploads are done before any run sees them
+        with self._lock:
+            self._weights = weights
+            self.generation += 1
+
+    def invalidate(self) -> None:
+        """Make every lane rebuild its prepared runs before its next run."""
+        with self._lock:
+            self.generation += 1
+
+    # -- plans ---------------------------------------------------------------------------------
+    def key_plan(self, key: tuple[int, ...]) -> KeyPlan:
+        """The memory plan at ``key`` (made once per key, shared by every thread)."""
+        plan = self._plans.get(key)
+        if plan is None:
+            # One GraphPlanner per graph keeps what does not depend on the key (issue 3); made on the
+            # first plan so that loading stays cheap.
+            planner = self._planner
+            if planner is None:
+                with self._lock:
+                    planner = self._planner
+                    if planner is None:
+                        backends = self.devices.backends
+                        index = self.devices.index
+                        segments = {k: b.max_allocation(index[k]) for k, b in backends.items()}
+                        planner = GraphPlanner(self.contents, {k: b.alignment for k, b in backends.items()},
+                                               {k: v for k, v in segments.items() if v})
+                        self._planner = planner
+            plan = planner.plan(key)
+            with self._lock:
+                plan = self._plans.setdefault(key, plan)
+        return plan
+
+    def plan_for(self, inputs: Sequence[Any]) -> KeyPlan:
+        """The plan at the key these inputs give (validated as a run validates them)."""
+        return self.key_plan(self.binder.bind(inputs)[2])
+
+    # -- lanes ---------------------------------------------------------------------------------
+    def lane(self) -> Lane:
+        """The calling thread's lane for its current streams (``CompiledGraph.run_async`` inlines this)."""
+        lane = getattr(self.local, "lane", None)
+        if lane is None or lane.generation != self.generation:
+            lane = self.new_lane()
+        if self.devices.stream_kinds:
+            lane = self.stream_lane(lane)
+        return lane
+
+    def new_lane(self) -> Lane:
+        streams = self.devices.current_streams()
+        stream_kinds = self.devices.stream_kinds
+        stream_key = tuple(streams[k] for k in stream_kinds)
+        old = getattr(self.local, "lane", None)
+        if old is not None:  # keep workspaces and counts across a set_weights; prepared runs are rebuilt
+            lane = Lane(self.generation, streams, old.counters, stream_key)
+            if old.stream_key == stream_key:
+                lane.workspaces = old.workspaces
+        else:
+            lane = Lane(self.generation, streams, RunCounters(), stream_key)
+            with self._lock:
+                self._counters.append(lane.counters)
+        self.local.lane = lane
+        if stream_kinds:
+            self.local.__dict__.setdefault("by_stream", {})[stream_key] = lane
+        return lane
+
+    def stream_lane(self, lane: Lane) -> Lane:
+        """The lane for the thread's current streams: work queued on another stream gets its own
+        workspaces (and prepared runs pointing into them), so it never shares scratch memory."""
+        devices = self.devices
+        current = tuple(devices.backends[k].current_stream(devices.index[k]) for k in devices.stream_kinds)
+        if current == lane.stream_key:
+            return lane
+        other = self.local.__dict__.setdefault("by_stream", {}).get(current)
+        if other is None or other.generation != self.generation:
+            streams = {**lane.streams, **dict(zip(devices.stream_kinds, current))}
+            other = Lane(self.generation, streams, lane.counters, current)
+            self.local.by_stream[current] = other
+        self.local.lane = other
+        return other
+
+    def ensure_workspaces(self, lane: Lane, plan: KeyPlan) -> None:
+        """Grow the lane's workspaces to what ``plan`` needs (prepared runs pointing into the old
+        ones are dropped; the old memory is released after the work queued on the lane's stream)."""
+        devices = self.devices
+        for kind, size in plan.workspace_bytes.items():
+            current = lane.workspaces.get(kind)
+            if current is None or current.nbytes < size:
+                lane.runs.clear()
+                stream = lane.streams.get(kind)
+                if current is not None:
+                    current.release_after(stream)
+                lane.workspaces[kind] = Workspace(devices.backends[kind], devices.index[kind], size, stream,
+                                                  plan.segment_bytes.get(kind))
+
+    def context(self, plan: KeyPlan, lane: Lane) -> RunContext:
+        return RunContext(self.contents, plan, self.devices, lane.streams, lane.workspaces)
+
+    def output_storages(self, plan: KeyPlan, lane: Lane) -> list[Storage]:
+        """Fresh output buffers of ``plan`` for work on the lane's streams (slow paths)."""
+        devices = self.devices
+        return [devices.backends[s.kind].allocate(s.nbytes, devices.index[s.kind], lane.streams.get(s.kind))
+                for s in plan.output_slots]
+
+    def counters(self) -> list[RunCounters]:
+        with self._lock:
+            return list(self._counters)
+
+    def close(self) -> None:
+        """Drop the calling thread's lanes (other threads' go with their threads)."""
+        self.invalidate()
+        self.local = threading.local()

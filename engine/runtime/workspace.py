@@ -1,0 +1,56 @@
+"""A lane's workspace of one kind: one allocation, or several where the device caps allocations.
+
+The planner gives every block a byte offset in one linear space. Most devices can allocate the
+whole space at once; OpenCL devices cannot allocate more than ``CL_DEVICE_MAX_MEM_ALLOC_SIZE`` in
+one buffer (a quarter of the device's memory is common). For those the planner keeps every block
+inside one segment of ``Backend.max_allocation()`` bytes (``memory.segment_offsets``) and the
+workspace is one allocation per segment; ``ptr_at(offset)`` maps a planned offset to the pointer
+in its segment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.backend import BackendBase
+from engine.storage import Storage
+
+__all__ = ["Workspace"]
+
+
+class Workspace:
+    """``nbytes`` of one kind's scratch for one lane, in segments of ``segment_bytes`` (or one)."""
+
+    __slots__ = ("nbytes", "segment_bytes", "storages", "base")
+
+    def __init__(self, backend: BackendBase, device_index: int, nbytes: int, stream: Any,
+                 segment_bytes: int | None = None):
+        self.nbytes = nbytes
+        if segment_bytes is None or nbytes <= segment_bytes:
+            self.segment_bytes = None
+            self.storages = (backend.allocate(nbytes, device_index, stream),)
+        else:
+            self.segment_bytes = segment_bytes
+            sizes = [min(segment_bytes, nbytes - start) for start in range(0, nbytes, segment_bytes)]
+            self.storages = tuple(backend.allocate(size, device_index, stream) for size in sizes)
+        #: The pointer of the first segment (the only one on most devices).
+        self.base = self.storages[0].ptr
+
+    @property
+    def segmented(self) -> bool:
+        return self.segment_bytes is not None
+
+    def ptr_at(self, offset: int) -> Any:
+        """The pointer of planned byte ``offset``."""
+        if self.segment_bytes is None:
+            return self.base + offset
+        segment, within = divmod(offset, self.segment_bytes)
+        return self.storages[segment].ptr + within
+
+    def release_after(self, stream: Any) -> None:
+        """Order the release of every segment after the work queued on ``stream``."""
+        for storage in self.storages:
+            storage.stream = stream
+
+    def __repr__(self) -> str:
+        return f"<Workspace {self.nbytes} bytes in {len(self.storages)} allocation(s)>"
