@@ -95,7 +95,9 @@ class Registry:
                            for impl in self._pm.hook.engine_backends.get_hookimpls() if impl.plugin is plugin]
             except Exception as exc:  # noqa: BLE001 - any failure of a third-party plugin is isolated
                 self._safe_unregister(plugin)
-                self._record(name, distribution, version, f"{type(exc).__name__}: {exc}", exc=exc)
+                # As for import failures: the plugin's name is, by convention, the kind it provides.
+                kinds = (name,) if KIND_PATTERN.match(name) else ()
+                self._record(name, distribution, version, f"{type(exc).__name__}: {exc}", kinds=kinds, exc=exc)
                 return
             for backends in results:
                 for backend in _as_list(backends):

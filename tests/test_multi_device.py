@@ -23,6 +23,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import planner as bench  # noqa: E402
 
 from engine.runtime.plan import WORKSPACE  # noqa: E402
+import engine  # noqa: E402
+from engine.build import GraphBuilder  # noqa: E402
+from engine.plugins import Registry  # noqa: E402
+from engine.settings import Settings as EngineSettings  # noqa: E402
+
+CHAIN_C = r"""
+#include <stdint.h>
+int32_t twice(void *const *t, const int64_t *sym, void *ws) {
+    const float *x = t[0]; float *y = t[1];
+    for (int64_t i = 0; i < sym[0]; i++) y[i] = x[i] * 2.0f;
+    return 0;
+}
+"""
 
 
 class Host256Backend(HostKindBackend):
@@ -135,3 +148,54 @@ def test_a_kind_declares_its_own_alignment(registry256):
     assert lane.workspaces["hostdev256"] is not first and lane.workspaces["hostdev256"].base % 256 == 0
     report = graph.memory_report(n=17)
     assert report[5].kind == "hostdev256" and report[0].kind == "cpu"
+
+
+# ---- a real second device: OpenCL on PoCL ------------------------------------------------------
+def _opencl_registry(cache):
+    opencl = pytest.importorskip("engine_opencl.plugin", reason="engine-opencl is not installed")
+    import engine_cpu.plugin
+
+    registry = Registry(EngineSettings(cache_dir=cache), autoload=False)
+    registry.register_plugin(engine_cpu.plugin)
+    registry.register_plugin(opencl)
+    avail = registry.backend("opencl").availability()
+    if not avail.available:
+        pytest.skip(f"no OpenCL device: {avail.reason}")
+    return registry
+
+
+def test_a_plan_mixing_cpu_and_opencl_with_copies_between_them(tmp_path):
+    """cpu kernel -> copy -> OpenCL kernels (device memory, BufferPtr) -> copy -> cpu kernel, both
+    ways within one plan, plus a tensor read on both kinds; equal to numpy at several sizes."""
+    registry = _opencl_registry(tmp_path)
+    refs = registry.backend("opencl").reference_kernels()
+    b = GraphBuilder("cpu_opencl", registry=registry)
+    x = b.input("x", "float32", ["n"])
+    y = b.input("y", "float32", ["n"], device="opencl")
+    twice = b.kernel("twice", entries=["twice"], source=CHAIN_C)
+    add = refs["add"]
+    scale = refs["scale_ws"]
+    k_add = b.kernel("add", device="opencl", entries=list(add.entries), source=add.source, language=add.language,
+                     launch=add.launch)
+    k_scale = b.kernel("scale_ws", device="opencl", entries=list(scale.entries), source=scale.source,
+                       language=scale.language, launch=scale.launch)
+    (h,) = b.call(twice, [x], [("float32", ["n"])], symbols=["n"])                       # cpu: 2x
+    (hd,) = b.call(k_add, [b.copy(h, "opencl"), y], [("float32", ["n"])], symbols=["n"])  # opencl: 2x + y
+    (sd,) = b.call(k_scale, [hd], [("float32", ["n"])], symbols=["n"], workspace="n * 4")  # opencl: 2(2x+y)+1
+    (back,) = b.call(twice, [b.copy(sd, "cpu")], [("float32", ["n"])], symbols=["n"])     # cpu: 4(2x+y)+2
+    b.output(back, "z")
+    b.output(sd, "on_device")
+    graph = b.build()
+    assert {t.meta.device for t in graph.compiled_tasks} == {"cpu", "opencl"}
+    assert sum(t.is_copy for t in graph.compiled_tasks) == 2
+    rng = np.random.default_rng(0)
+    for n in (1, 63, 1000, 4097):
+        xv = rng.standard_normal(n).astype(np.float32)
+        yv = rng.standard_normal(n).astype(np.float32)
+        for _ in range(2):  # the slow path, then the prepared fast path
+            z, on_device = graph.run_async([xv, engine.asarray(yv, device="opencl", registry=registry)])
+            assert z.device == "cpu" and on_device.device == "opencl:0"
+            np.testing.assert_allclose(z.numpy(), 4 * (2 * xv + yv) + 2, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(on_device.numpy(), 2 * (2 * xv + yv) + 1, rtol=1e-5, atol=1e-5)
+    report = graph.memory_report(n=100)
+    assert {m.kind for m in report.values()} == {"cpu", "opencl"} and 3 in report  # opencl's reserved slot

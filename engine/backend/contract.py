@@ -156,11 +156,12 @@ class CandidateSpec:
 class ReferenceKernel:
     """A kernel the conformance suite and the demo model run on a backend, in its own language.
 
-    ``source`` may use the macros the caller defines in front of it (``#define N 128``: the
-    documented names of ``engine.testing.REFERENCE_KERNELS``); ``entries`` are its candidates (same
-    result each); ``launch`` is the GraphBuilder launch dict (``grid``/``block`` expressions over the
-    kernel's symbols, e.g. ``{"grid": ["ceil_div(n, 64)", 1, 1], "block": [64, 1, 1]}``) or ``None``
-    for devices without launch geometry; ``options`` go to ``Backend.compile``.
+    ``source`` may use the macros the caller defines in front of it (``#define N 128``: the names
+    ``engine.testing`` documents per kernel); ``entries`` are its candidates (same result each);
+    ``launch`` is the GraphBuilder launch dict (``grid``/``block``/``shared_memory`` expressions over
+    the kernel's symbols and those macros, e.g. ``{"grid": ["ceil_div(batch * N, 64)", 1, 1],
+    "block": [64, 1, 1]}``; the caller replaces the macro names by their values) or ``None`` for
+    devices without launch geometry; ``options`` go to ``Backend.compile``.
     """
 
     source: str

@@ -29,7 +29,7 @@ from engine.plugins import Registry, default_registry
 __all__ = ["GraphBuilder", "KernelDef", "Value"]
 
 _SOURCE_FORMATS = {"c": "c-source", "cuda": "cuda-source", "hip": "hip-source"}
-_SOURCE_SUFFIX = {"c": ".c", "cuda": ".cu", "hip": ".hip"}
+_SOURCE_SUFFIX = {"c": ".c", "cuda": ".cu", "hip": ".hip", "opencl": ".cl"}
 
 
 @attrs.frozen
@@ -197,10 +197,11 @@ class GraphBuilder:
                         path = f"{kdef.name}.{i}{_suffix(b.format, b.path)}"
                     metas.append(BinaryMeta(b.format, b.target, path))
                     files.append((path, bytes(b.data)))
-                src_path = f"{kdef.name}{_SOURCE_SUFFIX.get(kdef.language or 'c', '.src')}"
                 fmt = _SOURCE_FORMATS.get(kdef.language or "c", f"{kdef.language}-source")
-                metas.append(BinaryMeta(fmt, "any", src_path))
-                files.append((src_path, kdef.source.encode("utf-8")))
+                if not any(m.format == fmt for m in metas):  # ship the source unless compile() did
+                    src_path = f"{kdef.name}{_SOURCE_SUFFIX.get(kdef.language or 'c', '.src')}"
+                    metas.append(BinaryMeta(fmt, "any", src_path))
+                    files.append((src_path, kdef.source.encode("utf-8")))
             else:
                 for i, b in enumerate(kdef.binaries):
                     path = str(b.get("path") or f"{kdef.name}.{i}.bin")

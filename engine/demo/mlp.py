@@ -1,16 +1,22 @@
-"""A small MLP classifier as hand-written C kernels, the way a compiler would emit them.
+"""A small MLP classifier as hand-written kernels, the way a compiler would emit them.
 
 ``x[batch, d_in] -> matmul -> bias+relu (in place) -> matmul -> bias (in place) -> softmax``.
 Shapes other than ``batch`` are baked into each kernel's source (compilers specialise them);
 ``batch`` is a dynamic symbol. The matmul has two candidates with the same result and different
-loop orders, so the runtime has something real to tune.
+loop orders, so the runtime has something real to tune. On the CPU the kernels are the C sources
+below; on other device kinds they come from the backend's reference kernels (``build_mlp``).
 """
 
 from __future__ import annotations
 
+import re
+from typing import Any, Callable, Mapping
+
 import numpy as np
 
 from engine.build import GraphBuilder
+from engine.device import Device
+from engine.errors import Unsupported
 from engine.plugins import Registry
 
 __all__ = ["MATMUL_SOURCE", "build_mlp", "mlp_weights", "reference_mlp"]
@@ -94,19 +100,26 @@ def mlp_weights(d_in: int = 64, hidden: int = 128, classes: int = 10, seed: int 
 
 
 def build_mlp(*, d_in: int = 64, hidden: int = 128, classes: int = 10, seed: int = 0,
-              weights: dict[str, np.ndarray] | None = None, registry: Registry | None = None) -> GraphBuilder:
-    """The classifier as a ``GraphBuilder`` (call ``.build()`` or ``.save(path)``)."""
-    w = weights if weights is not None else mlp_weights(d_in, hidden, classes, seed)
-    b = GraphBuilder("mlp_classifier", registry=registry)
-    x = b.input("x", "float32", ["batch", d_in])
-    w1, b1, w2, b2 = (b.weight(name, w[name]) for name in ("w1", "b1", "w2", "b2"))
+              weights: dict[str, np.ndarray] | None = None, registry: Registry | None = None,
+              device: str = "cpu") -> GraphBuilder:
+    """The classifier as a ``GraphBuilder`` (call ``.build()`` or ``.save(path)``) on one device kind.
 
-    mm1 = b.kernel("matmul_1", entries=["mm_ijk", "mm_ikj"], source=_specialise(MATMUL_SOURCE, K=d_in, N=hidden))
-    mm2 = b.kernel("matmul_2", entries=["mm_ijk", "mm_ikj"], source=_specialise(MATMUL_SOURCE, K=hidden, N=classes))
-    act1 = b.kernel("bias_relu", entries=["bias_relu"], source=_specialise(BIAS_SOURCE, N=hidden))
-    add2 = b.kernel("bias_add", entries=["bias_add"], source=_specialise(BIAS_SOURCE, N=classes))
-    smax = b.kernel("softmax", entries=["softmax_rows"], source=_specialise(SOFTMAX_SOURCE, N=classes),
-                    options={"flags": ["-lm"]})
+    On the CPU the kernels are this module's C sources. On any other kind they are the ``mlp_*``
+    reference kernels its backend supplies (``Backend.reference_kernels()``, in the device's own
+    language): the same model through a third-party device with no kernel code in the core.
+    """
+    w = weights if weights is not None else mlp_weights(d_in, hidden, classes, seed)
+    kind = Device.parse(device).kind
+    b = GraphBuilder("mlp_classifier", registry=registry)
+    x = b.input("x", "float32", ["batch", d_in], device=kind)
+    w1, b1, w2, b2 = (b.weight(name, w[name], device=kind) for name in ("w1", "b1", "w2", "b2"))
+    kernel = _kernels(b, kind)
+
+    mm1 = kernel("matmul_1", "mlp_matmul", K=d_in, N=hidden)
+    mm2 = kernel("matmul_2", "mlp_matmul", K=hidden, N=classes)
+    act1 = kernel("bias_relu", "mlp_bias_relu", N=hidden)
+    add2 = kernel("bias_add", "mlp_bias_add", N=classes)
+    smax = kernel("softmax", "mlp_softmax", N=classes)
 
     (h,) = b.call(mm1, [x, w1], [("float32", ["batch", hidden])], symbols=["batch"])
     (h,) = b.call(act1, [h, b1], [("float32", ["batch", hidden])], symbols=["batch"], share_map={0: 0})
@@ -115,6 +128,47 @@ def build_mlp(*, d_in: int = 64, hidden: int = 128, classes: int = 10, seed: int
     (p,) = b.call(smax, [z], [("float32", ["batch", classes])], symbols=["batch"], workspace="batch * 4")
     b.output(p, "probs")
     return b
+
+
+_CPU_KERNELS = {
+    "mlp_matmul": (MATMUL_SOURCE, ("mm_ijk", "mm_ikj"), None),
+    "mlp_bias_relu": (BIAS_SOURCE, ("bias_relu",), None),
+    "mlp_bias_add": (BIAS_SOURCE, ("bias_add",), None),
+    "mlp_softmax": (SOFTMAX_SOURCE, ("softmax_rows",), {"flags": ["-lm"]}),
+}
+
+
+def _kernels(b: GraphBuilder, kind: str) -> Callable[..., Any]:
+    """``kernel(name, reference_name, **macros)`` defining one of the model's kernels on ``kind``."""
+    if kind == "cpu":
+        def cpu_kernel(name: str, ref: str, **macros: int) -> Any:
+            source, entries, options = _CPU_KERNELS[ref]
+            return b.kernel(name, entries=list(entries), source=_specialise(source, **macros), options=options)
+        return cpu_kernel
+    refs = b.registry.backend(kind).reference_kernels()
+    missing = [name for name in _CPU_KERNELS if name not in refs]
+    if missing:
+        raise Unsupported(f"the {kind} backend supplies no reference kernel {', '.join(missing)}; the demo model "
+                          f"needs every mlp_* kernel (Backend.reference_kernels)")
+
+    def device_kernel(name: str, ref: str, **macros: int) -> Any:
+        kernel = refs[ref]
+        launch = None if kernel.launch is None else _substitute(kernel.launch, macros)
+        return b.kernel(name, device=kind, entries=list(kernel.entries), source=_specialise(kernel.source, **macros),
+                        language=kernel.language, options=kernel.options, launch=launch)
+    return device_kernel
+
+
+def _substitute(launch: Mapping[str, Any], macros: Mapping[str, int]) -> dict[str, Any]:
+    """Launch expressions with the macros' values in place of their names (expressions only know
+    the kernel's symbols)."""
+    def fill(value: Any) -> Any:
+        if isinstance(value, str):
+            return re.sub(r"\b[A-Za-z_]\w*\b", lambda m: str(macros.get(m.group(0), m.group(0))), value)
+        if isinstance(value, (list, tuple)):
+            return [fill(v) for v in value]
+        return value
+    return {k: fill(v) for k, v in launch.items()}
 
 
 def reference_mlp(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:

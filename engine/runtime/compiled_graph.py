@@ -10,13 +10,11 @@ dict; nothing in it is process-global (DESIGN §6).
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
-import attrs
 import numpy as np
 
 from engine.bundle import archive as _archive
@@ -28,12 +26,13 @@ from engine.plugins import Registry, default_registry
 from engine.hostptr import array_address
 from engine.runtime.dispatch import DispatchTable
 from engine.runtime.dispatch_cache import DispatchCache
+from engine.runtime.dispatcher import Dispatcher, TuneBatch
 from engine.runtime.interpreter import InstructionObserver, ModelExecutionHook, interpret
 from engine.runtime.plan import KeyPlan
 from engine.runtime.prepared import OutputWrapper, PreparedRun
 from engine.runtime.runtime import GraphRuntime, Lane, RunStats, open_devices
 from engine.runtime.profile import Profile, ProfileRecorder
-from engine.runtime.trace import TraceRecorder, session_trace, trace_file_name, write_trace
+from engine.runtime.trace import TraceRecorder, write_trace
 from engine.runtime.tuning import CandidateTiming, TuningOptions, TuningStats
 from engine.runtime.tasks import CompiledTask
 from engine.runtime.weights import check_weights
@@ -64,30 +63,24 @@ class CompiledGraph:
         self._runtime = GraphRuntime(contents, devices)
         self._binder = self._runtime.binder
         self._tasks = self._runtime.tasks
-        settings = registry.settings
-        self._dispatch = DispatchTable(contents.meta.symbols, [len(t.candidates) for t in self._tasks],
-                                       contents.dispatch_rows, policy=dispatch_policy or settings.dispatch_policy)
-        # Rows tuned earlier (any process) for keys the bundle lacks; tuning here adds to the file.
-        self._dispatch_cache: DispatchCache | None = None
-        if self._dispatch.needs_tuning and settings.dispatch_cache:
-            self._dispatch_cache = DispatchCache(settings.cache_dir, contents.identity, contents.meta.symbols,
-                                                 self._dispatch.candidates_per_task, self.device_tag)
-            self._dispatch.merge(self._dispatch_cache.load(), source="cache")
-        self._policy_choices: dict[tuple[int, ...], tuple[int, ...]] = {}
-        self._tuning_lock = threading.Lock()  # one tuning at a time per graph: timings are not disturbed
-        self._tuning_stats = TuningStats()
-        self._tune_serial = 0
+        self._dispatcher = Dispatcher(contents, [len(t.candidates) for t in self._tasks], registry.settings, tag,
+                                      dispatch_policy, self._runtime.invalidate)
+        self._dispatch = self._dispatcher.table
         #: The Chrome trace the latest ``tune()`` wrote (``None`` until one tuned a key).
         self.last_tune_trace: Path | None = None
         self._lock = threading.RLock()
         self._hooks: list[ModelExecutionHook] = []
-        self._tuning_log: dict[tuple[int, ...], list[CandidateTiming]] = {}
         self.tuning = TuningOptions()
 
     @property
     def runtime(self) -> GraphRuntime:
         """Devices, tasks, weights, memory plans and per-thread lanes (``engine.runtime.runtime``)."""
         return self._runtime
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The dispatch table, policy choices and tuning records (``engine.runtime.dispatcher``)."""
+        return self._dispatcher
 
     # -- reference attributes -----------------------------------------------------------------
     @property
@@ -125,22 +118,16 @@ class CompiledGraph:
 
     @property
     def dispatch_policy(self) -> str:
-        return self._dispatch.policy
+        return self._dispatcher.policy
 
     @dispatch_policy.setter
     def dispatch_policy(self, value: str) -> None:
-        self._dispatch.policy = value
-        with self._lock:
-            # Choices made by the previous policy are forgotten (and runs prepared with them rebuilt),
-            # so that e.g. switching from "first" to "tune" tunes those keys.
-            if self._policy_choices:
-                self._policy_choices.clear()
-                self._runtime.invalidate()
+        self._dispatcher.policy = value
 
     @property
     def dispatch_cache(self) -> DispatchCache | None:
         """The cache file of this bundle's tuned rows (``None`` when nothing needs tuning or caching is off)."""
-        return self._dispatch_cache
+        return self._dispatcher.cache
 
     # -- running -------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
@@ -173,25 +160,8 @@ class CompiledGraph:
         return result
 
     def choice_for(self, key: tuple[int, ...]) -> list[int | None]:
-        """The candidate per task at ``key``: the table's row, else what the dispatch policy says
-        (``None`` for a task the tune policy will tune; ``InputError`` under the error policy)."""
-        row = self._dispatch.get(key) or self._policy_choices.get(key)
-        if row is not None:
-            return list(row)
-        if not self._dispatch.needs_tuning:
-            return list(self._dispatch.trivial_choice())
-        policy = self._dispatch.policy
-        if policy == "error":
-            raise self._dispatch.error_for(key)
-        if policy == "first":
-            self._policy_choices[key] = self._dispatch.trivial_choice()
-            return list(self._policy_choices[key])
-        if policy == "nearest":
-            near = self._dispatch.nearest(key)
-            if near is not None:
-                self._policy_choices[key] = near
-                return list(near)
-        return [None if len(t.candidates) > 1 else 0 for t in self._tasks]
+        """The candidate per task at ``key`` (``Dispatcher.choice_for``)."""
+        return self._dispatcher.choice_for(key)
 
     def _run_slow(self, lane: Lane, key: tuple[int, ...], ptrs: list[Any], keep: list[Any],
                   out_storages: list[Storage] | None) -> list[Tensor]:
@@ -199,10 +169,11 @@ class CompiledGraph:
         weights = runtime.require_weights()
         plan = runtime.key_plan(key)
         runtime.ensure_workspaces(lane, plan)
-        choices = self.choice_for(key)
+        dispatcher = self._dispatcher
+        choices = dispatcher.choice_for(key)
         if None in choices:  # the tune policy at a key without a row
-            with self._tuning_lock:
-                row = self._known_row(key)  # another thread, or process, may have tuned it meanwhile
+            with dispatcher.tuning_lock:
+                row = dispatcher.known_row(key)  # another thread, or process, may have tuned it meanwhile
                 if row is None:
                     return self._interpret(lane, plan, choices, ptrs, keep, out_storages)
                 choices = list(row)
@@ -213,21 +184,13 @@ class CompiledGraph:
             return run.run(ptrs, keep, out_storages)
         return self._interpret(lane, plan, choices, ptrs, keep, out_storages)
 
-    def _known_row(self, key: tuple[int, ...]) -> tuple[int, ...] | None:
-        """The table's row for ``key``, after adopting rows other processes stored in the cache since load."""
-        row = self._dispatch.get(key)
-        if row is None and self._dispatch_cache is not None:
-            self._dispatch.merge(self._dispatch_cache.rows(), source="cache")
-            row = self._dispatch.get(key)
-        return row
-
     def _interpret(self, lane: Lane, plan: KeyPlan, choices: list[int | None], ptrs: list[Any],
                    keep: list[Any], out_storages: list[Storage] | None,
-                   observer: InstructionObserver | None = None, *, batch: _TuneBatch | None = None
+                   observer: InstructionObserver | None = None, *, batch: TuneBatch | None = None
                    ) -> list[Tensor]:
         """Run instruction by instruction, tuning the tasks whose choice is ``None``, and record it.
 
-        Call with ``_tuning_lock`` held when ``choices`` has a ``None``. ``observer`` (traces,
+        Call with ``dispatcher.tuning_lock`` held when ``choices`` has a ``None``. ``observer`` (traces,
         profiles) watches the run; a run that tunes also records a trace for the cache directory,
         and stores its row in the cache file, or in ``batch`` when given (``tune`` stores in batches).
         """
@@ -237,7 +200,7 @@ class CompiledGraph:
         start = time.perf_counter()
         recorder: TraceRecorder | None = None
         watch = observer
-        if None in choices and self.tuning.write_traces and self._dispatch_cache is not None:
+        if None in choices and self.tuning.write_traces and self._dispatcher.cache is not None:
             if isinstance(observer, TraceRecorder):
                 recorder = observer
             else:
@@ -251,69 +214,14 @@ class CompiledGraph:
         if observer is None or timings:
             lane.counters.slow_runs += 1
         if timings:
-            self._record_tuned(key, tuple(c or 0 for c in choices), timings, recorder, start, batch=batch)
+            self._dispatcher.record_tuned(key, tuple(c or 0 for c in choices), timings, recorder, start, batch=batch)
         # Outputs are wrapped exactly as the fast path does (share_map and copied inputs included).
         return OutputWrapper(ctx).wrap(ptrs, keep, out_storages)
-
-    def _record_tuned(self, key: tuple[int, ...], choice: tuple[int, ...], timings: list[CandidateTiming],
-                      recorder: TraceRecorder | None, start: float, *, batch: _TuneBatch | None = None) -> None:
-        """Keep a tuned row: in the table, the tuning log, the cache file and its trace (or in ``batch``)."""
-        self._dispatch.record(key, choice, source="tuned")
-        with self._lock:
-            self._tuning_log[key] = timings
-            if self._policy_choices.pop(key, None) is not None:
-                self._runtime.invalidate()  # runs prepared with the policy's choice are rebuilt
-        cache = self._dispatch_cache
-        if batch is not None:
-            batch.rows[key] = choice
-            if recorder is not None:
-                batch.traces.append((key, choice, recorder))
-        elif cache is not None:
-            self._persist({key: choice})
-            if recorder is not None:
-                names = self.meta.symbols
-                path = cache.directory.parent / "traces" / self.identity / trace_file_name(names, key)
-                try:
-                    write_trace(path, recorder.to_dict(symbols=names, key=key, choices=choice), atomic=False)
-                except OSError as exc:
-                    cache.report(f"trace {path} cannot be written ({exc})")
-        with self._lock:
-            stats = self._tuning_stats
-            stats.keys += 1
-            stats.candidates_timed += sum(len(t.medians_ms) for t in timings)
-            stats.timed_s += sum(t.timed_ms for t in timings) / 1e3
-            stats.total_s += time.perf_counter() - start
 
     @property
     def trace_dir(self) -> Path | None:
         """Where tuning traces go: ``<cache_dir>/traces/<identity>`` (``None`` when caching is off)."""
-        if self._dispatch_cache is None:
-            return None
-        return self._dispatch_cache.directory.parent / "traces" / self.identity
-
-    def _write_session_trace(self, batch: _TuneBatch) -> None:
-        cache, folder = self._dispatch_cache, self.trace_dir
-        if not batch.traces or cache is None or folder is None:
-            return
-        start = time.perf_counter()
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(batch.started))
-        path = folder / f"tune-{stamp}-{os.getpid()}-{batch.serial}.json"
-        try:
-            write_trace(path, session_trace(batch.traces, symbols=self.meta.symbols, identity=self.identity),
-                        atomic=False)
-            batch.trace_path = path
-        except OSError as exc:
-            cache.report(f"trace {path} cannot be written ({exc})")
-        with self._lock:
-            self._tuning_stats.total_s += time.perf_counter() - start
-
-    def _persist(self, rows: dict[tuple[int, ...], tuple[int, ...]]) -> None:
-        """Store tuned rows in the cache file and adopt the rows other processes stored there."""
-        if self._dispatch_cache is not None and rows:
-            start = time.perf_counter()
-            self._dispatch.merge(self._dispatch_cache.store(rows), source="cache")
-            with self._lock:
-                self._tuning_stats.total_s += time.perf_counter() - start
+        return self._dispatcher.trace_dir
 
     def _output_storages(self, outputs: Sequence[Any], key: tuple[int, ...]) -> list[Storage]:
         plan = self._runtime.key_plan(key)
@@ -380,14 +288,13 @@ class CompiledGraph:
         # Rows go to the cache file in batches (at most every _TUNE_FLUSH_S, and at the end, also
         # when interrupted) and traces into one file: a locked rewrite and a new file per key cost
         # more than tuning a small key (issue 4's overhead budget, benchmarks/tuning.py).
-        with self._lock:
-            self._tune_serial += 1
-            batch = _TuneBatch(self._tune_serial)
+        dispatcher = self._dispatcher
+        batch = dispatcher.new_batch()
         last_flush = time.perf_counter()
         try:
             for done, key in enumerate(grid, start=1):
                 if key not in self._dispatch and self._dispatch.needs_tuning:
-                    with self._tuning_lock:
+                    with dispatcher.tuning_lock:
                         if self._dispatch.get(key) is None:
                             plan = runtime.key_plan(key)
                             runtime.ensure_workspaces(lane, plan)
@@ -396,14 +303,14 @@ class CompiledGraph:
                             choices = [None if len(t.candidates) > 1 else 0 for t in self._tasks]
                             self._interpret(lane, plan, choices, ptrs, inputs, None, batch=batch)
                     if time.perf_counter() - last_flush >= _TUNE_FLUSH_S:
-                        self._persist(batch.rows)
+                        dispatcher.persist(batch.rows)
                         batch.rows = {}
                         last_flush = time.perf_counter()
                 if progress is not None:
                     progress(done, len(grid), dict(zip(names, key)))
         finally:
-            self._persist(batch.rows)
-            self._write_session_trace(batch)
+            dispatcher.persist(batch.rows)
+            dispatcher.write_session_trace(batch)
             if batch.trace_path is not None:
                 self.last_tune_trace = batch.trace_path
         return {key: self._dispatch.get(key) or self._dispatch.trivial_choice() for key in grid}
@@ -422,13 +329,11 @@ class CompiledGraph:
 
     def tuning_results(self) -> dict[tuple[int, ...], list[CandidateTiming]]:
         """What tuning measured in this process, per key: one ``CandidateTiming`` per tuned instruction."""
-        with self._lock:
-            return {k: list(v) for k, v in self._tuning_log.items()}
+        return self._dispatcher.results()
 
     def tuning_stats(self) -> TuningStats:
         """Where tuning time went, over every key this graph tuned (a copy)."""
-        with self._lock:
-            return attrs.evolve(self._tuning_stats)
+        return self._dispatcher.stats()
 
     def _observed_run(self, inputs: Sequence[Any], observer: Callable[[KeyPlan], InstructionObserver]
                       ) -> tuple[KeyPlan, tuple[int, ...], InstructionObserver]:
@@ -438,11 +343,12 @@ class CompiledGraph:
         lane = runtime.lane()
         plan = runtime.key_plan(key)
         runtime.ensure_workspaces(lane, plan)
-        choices = self.choice_for(key)  # raises under the error policy at an unknown key
+        dispatcher = self._dispatcher
+        choices = dispatcher.choice_for(key)  # raises under the error policy at an unknown key
         watcher = observer(plan)
         if None in choices:
-            with self._tuning_lock:
-                row = self._known_row(key)
+            with dispatcher.tuning_lock:
+                row = dispatcher.known_row(key)
                 if row is None:  # tuned during the observed run, exactly like a slow-path run
                     self._interpret(lane, plan, choices, ptrs, keep, None, observer=watcher)
                     return plan, tuple(c or 0 for c in choices), watcher
@@ -588,17 +494,6 @@ class CompiledGraph:
         m = self.meta
         return (f"<CompiledGraph {len(m.inputs)} inputs, {len(m.outputs)} outputs, {m.num_kernels} kernels on "
                 f"{', '.join(str(d) for d in self.devices.values())}>")
-
-
-class _TuneBatch:
-    """What one ``tune()`` call has tuned but not yet stored: cache rows and traces."""
-
-    def __init__(self, serial: int):
-        self.serial = serial
-        self.started = time.time()
-        self.rows: dict[tuple[int, ...], tuple[int, ...]] = {}
-        self.traces: list[tuple[tuple[int, ...], tuple[int, ...], TraceRecorder]] = []
-        self.trace_path: Path | None = None
 
 
 class _Tee:

@@ -16,7 +16,7 @@ from engine.backend import BackendBase, LaunchDims
 from engine.errors import KernelError
 from engine.expr import ExprError
 from engine.runtime.context import RunContext
-from engine.runtime.plan import INPUT, OUTPUT, KeyPlan
+from engine.runtime.plan import INPUT, OUTPUT
 from engine.runtime.tasks import CompiledTask, CopyLaunch
 from engine.storage import Storage
 from engine.tensor import Tensor, tensor_from_numpy

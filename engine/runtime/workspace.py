@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from engine.backend import BackendBase
-from engine.storage import Storage
 
 __all__ = ["Workspace"]
 

@@ -1,0 +1,98 @@
+"""Finding OpenCL devices: every platform's devices in a stable order, one context each.
+
+Every way an OpenCL install can be broken (no pyopencl, no ICD, no device, a context the driver
+refuses) ends in an ``Availability`` whose reason says what to install or set, never in an
+exception: ``engine devices`` must list the kind on any machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.backend import Availability
+
+__all__ = ["OpenCLDevice", "discover", "INSTALL_HINT"]
+
+INSTALL_HINT = ("pip install 'engine-opencl[pocl]' for PoCL's CPU device, or install your vendor's OpenCL "
+                "driver (an ICD listed in /etc/OpenCL/vendors)")
+
+
+class OpenCLDevice:
+    """One usable device: its driver objects and the facts the backend needs about it."""
+
+    __slots__ = ("index", "device", "context", "name", "driver", "identity", "base_align", "max_alloc")
+
+    def __init__(self, index: int, platform: Any, device: Any, context: Any):
+        self.index = index
+        self.device = device
+        self.context = context
+        self.name = f"{platform.name} / {device.name}"
+        self.driver = f"{platform.name} ({platform.version.strip()}), driver {device.driver_version}"
+        #: What a built program depends on besides its source and options (the build cache key).
+        self.identity = f"{self.driver} / {device.name} / {device.version}"
+        #: ``MEM_BASE_ADDR_ALIGN`` in bytes (the driver reports bits): sub-buffer offsets need it.
+        self.base_align = max(1, device.mem_base_addr_align // 8)
+        self.max_alloc = int(device.max_mem_alloc_size)
+
+    def __repr__(self) -> str:
+        return f"<OpenCLDevice opencl:{self.index} {self.name}>"
+
+
+def discover(selection: str | None, alignment: int) -> tuple[list[OpenCLDevice], Availability]:
+    """The usable devices and the kind's availability.
+
+    ``selection`` keeps the devices whose "platform / device / type" contains one of its
+    comma-separated terms; ``alignment`` is the backend's, which every device's sub-buffer
+    alignment must divide (the planner places tensors at multiples of it).
+    """
+    try:
+        import pyopencl as cl
+    except ImportError as exc:
+        return [], Availability(False, reason=f"pyopencl cannot be imported ({exc}); {INSTALL_HINT}")
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as exc:  # -1001 (PLATFORM_NOT_FOUND_KHR): the ICD loader found no driver
+        return [], Availability(False, reason=f"no OpenCL platform ({exc}; code {exc.code}): no OpenCL driver "
+                                              f"is installed or none loads; {INSTALL_HINT}")
+    terms = [t.strip().lower() for t in (selection or "").split(",") if t.strip()]
+    seen: list[str] = []
+    problems: list[str] = []
+    candidates = []
+    # The ICD loader's order follows a directory listing; sorting makes opencl:N the same device.
+    for platform in sorted(platforms, key=lambda p: (p.name, p.version)):
+        try:
+            devices = platform.get_devices()
+        except cl.Error as exc:
+            problems.append(f"{platform.name}: cannot list devices: {exc}")
+            continue
+        for device in devices:
+            label = f"{platform.name} / {device.name} / {cl.device_type.to_string(device.type)}"
+            seen.append(label)
+            if not terms or any(t in label.lower() for t in terms):
+                candidates.append((platform, device))
+    if not candidates:
+        if seen:
+            why = f"ENGINE_OPENCL_DEVICES={selection!r} matches none of: {'; '.join(seen)}"
+        else:
+            names = ", ".join(p.name for p in platforms) or "none"
+            why = f"no OpenCL device on the installed platform(s) ({names}); {INSTALL_HINT}"
+        return [], Availability(False, reason="; ".join([why, *problems]))
+    usable: list[OpenCLDevice] = []
+    for platform, device in candidates:
+        align = max(1, device.mem_base_addr_align // 8)
+        if alignment % align:
+            problems.append(f"{platform.name} / {device.name} needs sub-buffers aligned to {align} bytes "
+                            f"(MEM_BASE_ADDR_ALIGN), the backend aligns to {alignment}: set "
+                            f"ENGINE_OPENCL_ALIGNMENT={align} to use it")
+            continue
+        try:
+            context = cl.Context([device])
+        except cl.Error as exc:
+            problems.append(f"{platform.name} / {device.name}: cannot create a context: {exc}")
+            continue
+        usable.append(OpenCLDevice(len(usable), platform, device, context))
+    reason = "; ".join(problems) or None
+    if not usable:
+        return [], Availability(False, reason=reason)
+    drivers = ", ".join(dict.fromkeys(d.driver for d in usable))
+    return usable, Availability(True, len(usable), tuple(d.name for d in usable), reason=reason, driver=drivers)
