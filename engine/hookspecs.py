@@ -15,8 +15,8 @@ value names a module (or object) holding functions marked with ``engine.hookimpl
     myaccel = "my_accel.plugin"
 
 Hooks are called at discovery time only. The run loop never goes through pluggy (a pluggy call
-costs ~40x a method call); it calls methods of the Backend objects returned here, bound once when
-a plan is prepared.
+costs many times a method call); it calls methods of the Backend objects returned here, bound once
+when a plan is prepared.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def engine_backends(settings: "Settings") -> "list[BackendBase]":
     Called once, when the registry loads the plugin. Must be cheap and must not touch hardware
     (no driver initialisation, no device queries): a machine without the device still imports the
     plugin, and ``Backend.availability()`` reports why it cannot be used. Each backend declares its
-    ``kind``, ``workspace_slot`` (cpu 0, cuda 1, hip 2, third parties 3 or more, unique per process)
+    ``kind``, ``workspace_slot`` (cpu 0, cuda 1, hip 2, opencl 3; third parties any other slot >= 3,
+    unique per process: ``engine.plugins.RESERVED_SLOTS``)
     and ``api_version``; a backend whose API major differs from ``engine.backend.API_VERSION`` is
     refused and recorded with the reason.
     """

@@ -329,3 +329,94 @@ def test_segmented_plans_keep_blocks_apart_and_inside_one_segment(data, segment)
             if live_together:
                 assert moved[i] + sizes[i] <= moved[j] or moved[j] + sizes[j] <= moved[i]
     assert peak == int((moved + sizes).max())
+
+
+def test_a_run_waits_for_inputs_produced_on_another_stream(handles):
+    registry, backend = handles
+    graph = _chain(registry)
+    x = np.arange(16, dtype=np.float32)
+    produced = {}
+
+    def producer() -> None:
+        backend.use_stream(1)
+        (produced["y"],) = graph.run_async([engine.asarray(x, device="handledev", registry=registry)])
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    thread.join()
+    y = produced["y"]
+    assert y.storage.stream == 1
+    backend.use_stream(2)
+    backend.syncs.clear()
+    (z,) = graph.run_async([y])
+    assert (0, 1) in backend.syncs  # an event on the producer's stream before the consumer's work
+    assert y.storage.stream == 2    # the input's release now follows the run that read it
+    np.testing.assert_allclose(z.numpy(), _expected(_expected(x)), rtol=1e-6)
+
+
+def test_segments_are_the_allocation_cap_rounded_down_to_the_alignment(handles):
+    registry, backend = handles
+    backend.max_alloc = 4096 + 40  # not a multiple of the 64-byte alignment
+    graph = _chain(registry)
+    x = np.ones(900, np.float32)
+    (y,) = graph.run_async([engine.asarray(x, device="handledev", registry=registry)])
+    np.testing.assert_allclose(y.numpy(), _expected(x))
+    plan = graph.runtime.key_plan((900,))
+    assert plan.segment_bytes == {"handledev": 4096}
+    assert all(s.ptr.offset % 64 == 0 and s.ptr.buffer.base % 64 == 0
+               for s in graph.runtime.lane().workspaces["handledev"].storages)
+
+
+class Recorded:
+    """A recorded run that counts its replays and whether it was released."""
+
+    def __init__(self, run):
+        self.run, self.streams, self.closed = run, [], False
+
+    def replay(self, stream=None):
+        self.streams.append(stream)
+        self.run()
+
+    def close(self):
+        self.closed = True
+
+
+class CapturingBackend(HandleBackend):
+    kind = "capdev"
+    workspace_slot = 12
+
+    def capture(self, run_fn, *, stream=None, device_index=0):
+        self.recorded = Recorded(run_fn)
+        return self.recorded
+
+
+def test_captures_replay_on_a_stream_and_release_what_the_backend_recorded(tmp_path):
+    registry = Registry(Settings(cache_dir=tmp_path), autoload=False)
+    import engine_cpu.plugin
+
+    registry.register_plugin(engine_cpu.plugin)
+    backend = CapturingBackend(registry.backend("cpu"))
+    registry.register_backend(backend, distribution="tests")
+    graph = _chain(registry, device="capdev")
+    backend.use_stream(4)
+    x = engine.asarray(np.arange(6, dtype=np.float32), device="capdev", registry=registry)
+    captured = graph.capture(x)
+    assert captured.method == "capdev capture"
+    captured.replay()
+    captured.replay(stream=9)
+    assert backend.recorded.streams == [4, 9]  # the capture's own stream, then the one asked for
+    assert captured.outputs[0].storage.stream == 9
+    np.testing.assert_allclose(captured.outputs[0].numpy(), _expected(np.arange(6)))
+    captured.close()
+    assert backend.recorded.closed
+
+
+def test_native_captures_replay_only_on_their_own_streams(handles):
+    registry, backend = handles  # HandleBackend cannot record: the replay is its prepared launches
+    graph = _chain(registry)
+    backend.use_stream(4)
+    captured = graph.capture(engine.asarray(np.ones(3, np.float32), device="handledev", registry=registry))
+    assert captured.method == "native launches"
+    captured.replay(stream=4)
+    with pytest.raises(engine.InputError, match="bound to the streams it was captured on"):
+        captured.replay(stream=5)

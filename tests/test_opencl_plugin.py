@@ -112,6 +112,20 @@ def test_devices_lists_opencl_with_platform_device_and_driver(registry, backend)
     assert backend.alignment >= 128
 
 
+def test_engine_devices_and_engine_demo_on_opencl_from_the_command_line(tmp_path) -> None:
+    """The installed plugin, found through its entry point, as a user meets it."""
+    env = {**os.environ, "ENGINE_CACHE_DIR": str(tmp_path / "cache")}
+    devices = subprocess.run([sys.executable, "-m", "engine.cli.main", "devices"], capture_output=True, text=True,
+                             env=env, timeout=300)
+    assert devices.returncode == 0, devices.stderr
+    (row,) = [line for line in devices.stdout.splitlines() if line.startswith("opencl ")]
+    assert row.split()[:5] == ["opencl", "yes", row.split()[2], "3", "2.0"] and "driver" in row
+    demo = subprocess.run([sys.executable, "-m", "engine.cli.main", "demo", "--device", "opencl"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "on opencl:0" in demo.stdout and demo.stdout.count(" ok ") == 3 and "demo passed" in demo.stdout
+
+
 def test_device_filter_matching_nothing_is_an_unavailable_kind(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(opencl_plugin.DEVICES_ENV, "no-such-opencl-device")
     row = {r.kind: r for r in engine.devices(_registry(tmp_path))}["opencl"]

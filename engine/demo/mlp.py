@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from engine.backend import ReferenceKernel
 from engine.build import GraphBuilder
 from engine.device import Device
 from engine.errors import Unsupported
@@ -100,20 +101,21 @@ def mlp_weights(d_in: int = 64, hidden: int = 128, classes: int = 10, seed: int 
 
 
 def build_mlp(*, d_in: int = 64, hidden: int = 128, classes: int = 10, seed: int = 0,
-              weights: dict[str, np.ndarray] | None = None, registry: Registry | None = None,
-              device: str = "cpu") -> GraphBuilder:
+              weights: Mapping[str, np.ndarray] | None = None, registry: Registry | None = None,
+              device: str = "cpu", kernels: Mapping[str, ReferenceKernel] | None = None) -> GraphBuilder:
     """The classifier as a ``GraphBuilder`` (call ``.build()`` or ``.save(path)``) on one device kind.
 
     On the CPU the kernels are this module's C sources. On any other kind they are the ``mlp_*``
     reference kernels its backend supplies (``Backend.reference_kernels()``, in the device's own
     language): the same model through a third-party device with no kernel code in the core.
+    ``kernels`` overrides both (the conformance suite passes the backend's reference kernels).
     """
     w = weights if weights is not None else mlp_weights(d_in, hidden, classes, seed)
     kind = Device.parse(device).kind
     b = GraphBuilder("mlp_classifier", registry=registry)
     x = b.input("x", "float32", ["batch", d_in], device=kind)
     w1, b1, w2, b2 = (b.weight(name, w[name], device=kind) for name in ("w1", "b1", "w2", "b2"))
-    kernel = _kernels(b, kind)
+    kernel = _kernels(b, kind, kernels)
 
     mm1 = kernel("matmul_1", "mlp_matmul", K=d_in, N=hidden)
     mm2 = kernel("matmul_2", "mlp_matmul", K=hidden, N=classes)
@@ -138,14 +140,15 @@ _CPU_KERNELS = {
 }
 
 
-def _kernels(b: GraphBuilder, kind: str) -> Callable[..., Any]:
+def _kernels(b: GraphBuilder, kind: str, refs: Mapping[str, ReferenceKernel] | None) -> Callable[..., Any]:
     """``kernel(name, reference_name, **macros)`` defining one of the model's kernels on ``kind``."""
-    if kind == "cpu":
+    if kind == "cpu" and refs is None:
         def cpu_kernel(name: str, ref: str, **macros: int) -> Any:
             source, entries, options = _CPU_KERNELS[ref]
             return b.kernel(name, entries=list(entries), source=_specialise(source, **macros), options=options)
         return cpu_kernel
-    refs = b.registry.backend(kind).reference_kernels()
+    if refs is None:
+        refs = b.registry.backend(kind).reference_kernels()
     missing = [name for name in _CPU_KERNELS if name not in refs]
     if missing:
         raise Unsupported(f"the {kind} backend supplies no reference kernel {', '.join(missing)}; the demo model "
@@ -155,7 +158,7 @@ def _kernels(b: GraphBuilder, kind: str) -> Callable[..., Any]:
         kernel = refs[ref]
         launch = None if kernel.launch is None else _substitute(kernel.launch, macros)
         return b.kernel(name, device=kind, entries=list(kernel.entries), source=_specialise(kernel.source, **macros),
-                        language=kernel.language, options=kernel.options, launch=launch)
+                        language=kernel.language, options=dict(kernel.options or {}), launch=launch)
     return device_kernel
 
 

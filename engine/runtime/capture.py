@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from engine.backend import Replayable
 from engine.errors import InputError, Unsupported
 from engine.runtime.context import RunContext
 from engine.runtime.prepared import OutputWrapper, PreparedRun
@@ -37,7 +38,7 @@ class CapturedGraph:
 
     def __init__(self, runtime: GraphRuntime, symbols: Sequence[str], key: tuple[int, ...], inputs: list[Tensor],
                  outputs: list[Tensor], replay: Callable[[Any], None], method: str, streams: dict[str, object],
-                 keep: list[Any]):
+                 keep: list[Any], recorded: Replayable | None = None):
         self.runtime = runtime
         self.symbols = tuple(symbols)
         self.key = key
@@ -47,11 +48,17 @@ class CapturedGraph:
         self._replay = replay
         self._streams = streams
         self._keep = keep
+        self._recorded = recorded
         self._lock = threading.Lock()
 
     def replay(self, stream: Any = None) -> None:
+        """Run the captured work again, on ``stream`` (a recorded capture only; ``None``: the stream it
+        was captured on). The outputs are then read after the work on that stream."""
         with self._lock:
             self._replay(stream)
+            if stream is not None:
+                for out in self.outputs:
+                    out.storage.stream = stream
 
     def __call__(self, *inputs: Any) -> Any:
         """Copy ``inputs`` into the static input buffers, replay, return the static outputs."""
@@ -72,9 +79,12 @@ class CapturedGraph:
         return self.outputs[0] if len(self.outputs) == 1 else list(self.outputs)
 
     def close(self) -> None:
-        """Drop the static buffers and the recorded run; safe to call twice."""
+        """Release the recorded run and drop the static buffers; safe to call twice."""
         with self._lock:
             self._replay = _closed
+            if self._recorded is not None:
+                self._recorded.close()
+                self._recorded = None
             self._keep = []
             self.inputs, self.outputs = [], []
 
@@ -123,9 +133,16 @@ def capture_graph(graph: "CompiledGraph", example_inputs: Sequence[Any]) -> Capt
     run.patch(static_ptrs, out_storages)
     outputs = OutputWrapper(ctx).wrap(static_ptrs, inputs, out_storages)
 
-    replay: Callable[[Any], None] = lambda stream: run.launch()  # noqa: E731
+    def native(stream: Any) -> None:
+        if stream is not None and stream not in streams.values():
+            raise InputError("this capture replays its prepared launches, which are bound to the streams it was "
+                             "captured on; replay() it without a stream, or capture on the stream you want")
+        run.launch()
+
+    replay: Callable[[Any], None] = native
     method = "native launches"
     keep: list[Any] = [run, workspaces, out_storages, weights]
+    recorded: Replayable | None = None
     kinds = set(plan.layout.kind) | {t.meta.device for t in runtime.tasks}
     if len(kinds) == 1:
         (kind,) = kinds
@@ -137,6 +154,5 @@ def capture_graph(graph: "CompiledGraph", example_inputs: Sequence[Any]) -> Capt
             default = streams[kind]
             replay = lambda stream: recorded.replay(default if stream is None else stream)  # noqa: E731
             method = f"{kind} capture"
-            keep.append(recorded)
     devices.synchronize()
-    return CapturedGraph(runtime, graph.meta.symbols, key, inputs, outputs, replay, method, streams, keep)
+    return CapturedGraph(runtime, graph.meta.symbols, key, inputs, outputs, replay, method, streams, keep, recorded)

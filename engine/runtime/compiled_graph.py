@@ -148,6 +148,8 @@ class CompiledGraph:
             lane = runtime.new_lane()
         if runtime.devices.stream_kinds:
             lane = runtime.stream_lane(lane)
+        if runtime.device_inputs:
+            runtime.order_inputs(lane, keep)
         out_storages = None if outputs is None else self._output_storages(outputs, key)
         run = lane.runs.get(key)
         if run is None or self._hooks:
@@ -204,7 +206,8 @@ class CompiledGraph:
             if isinstance(observer, TraceRecorder):
                 recorder = observer
             else:
-                recorder = TraceRecorder(self._contents, plan, self.devices, identity=self.identity)
+                recorder = TraceRecorder(self._contents, plan, self.devices, identity=self.identity,
+                                         streams=lane.streams)
                 watch = recorder if observer is None else _Tee(recorder, observer)
         if out_storages is None:
             out_storages = runtime.output_storages(plan, lane)
@@ -335,17 +338,19 @@ class CompiledGraph:
         """Where tuning time went, over every key this graph tuned (a copy)."""
         return self._dispatcher.stats()
 
-    def _observed_run(self, inputs: Sequence[Any], observer: Callable[[KeyPlan], InstructionObserver]
+    def _observed_run(self, inputs: Sequence[Any], observer: Callable[[KeyPlan, Lane], InstructionObserver]
                       ) -> tuple[KeyPlan, tuple[int, ...], InstructionObserver]:
-        """Run ``inputs`` interpreted under ``observer(plan)``; tunes first if the key needs it."""
+        """Run ``inputs`` interpreted under ``observer(plan, lane)``; tunes first if the key needs it."""
         ptrs, keep, key = self._binder.bind(inputs)
         runtime = self._runtime
         lane = runtime.lane()
+        if runtime.device_inputs:
+            runtime.order_inputs(lane, keep)
         plan = runtime.key_plan(key)
         runtime.ensure_workspaces(lane, plan)
         dispatcher = self._dispatcher
         choices = dispatcher.choice_for(key)  # raises under the error policy at an unknown key
-        watcher = observer(plan)
+        watcher = observer(plan, lane)
         if None in choices:
             with dispatcher.tuning_lock:
                 row = dispatcher.known_row(key)
@@ -369,8 +374,8 @@ class CompiledGraph:
         if not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
         plan, choices, recorder = self._observed_run(
-            inputs, lambda plan: TraceRecorder(self._contents, plan, self.devices, identity=self.identity,
-                                               warmup=warmup))
+            inputs, lambda plan, lane: TraceRecorder(self._contents, plan, self.devices, identity=self.identity,
+                                                     warmup=warmup, streams=lane.streams))
         doc = cast(TraceRecorder, recorder).to_dict(symbols=self.meta.symbols, key=plan.key, choices=choices)
         if path is not None:
             write_trace(path, doc)
@@ -389,7 +394,8 @@ class CompiledGraph:
         if not isinstance(repeat, int) or repeat < 1:
             raise ValueError(f"repeat must be a positive integer, got {repeat!r}")
         plan, _, recorder = self._observed_run(
-            inputs, lambda plan: ProfileRecorder(self._contents, plan, self.devices, warmup=warmup, repeat=repeat))
+            inputs, lambda plan, lane: ProfileRecorder(self._contents, plan, self.devices, warmup=warmup, repeat=repeat,
+                                                       streams=lane.streams))
         rows = tuple(cast(ProfileRecorder, recorder).rows)
         return Profile(tuple(self.meta.symbols), plan.key, rows, warmup, repeat)
 

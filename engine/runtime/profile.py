@@ -9,7 +9,7 @@ profile's run computes the same values as any other run.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
@@ -109,8 +109,9 @@ class ProfileRecorder:
     """An ``InstructionObserver`` that times each instruction's chosen candidate, then runs it."""
 
     def __init__(self, contents: BundleContents, plan: KeyPlan, devices: dict[str, Device], *, warmup: int,
-                 repeat: int):
+                 repeat: int, streams: Mapping[str, object] | None = None):
         self._contents = contents
+        self._streams = dict(streams or {})  # the lane's streams: work is timed where it is queued
         self._plan = plan
         self._devices = devices
         self.warmup = warmup
@@ -123,7 +124,8 @@ class ProfileRecorder:
     def execute(self, pos: int, task: CompiledTask, choice: int, run_once: Callable[[], None],
                 timing_runner: TimingRunnerFactory) -> None:
         runner, keep = timing_runner()
-        samples = task.backend.time(runner, warmup=self.warmup, repeat=self.repeat, device_index=task.device_index)
+        samples = task.backend.time(runner, stream=self._streams.get(task.meta.device), warmup=self.warmup,
+                                    repeat=self.repeat, device_index=task.device_index)
         del keep
         run_once()
         ins = self._contents.execution.instructions[pos]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import attrs
 
 from engine.device import Device
-from engine.errors import DeviceUnavailableError, InputError
+from engine.errors import DeviceUnavailableError, InputError, PluginError
 from engine.plugins import Registry
 from engine.runtime.binding import InputBinder
 from engine.runtime.context import DeviceSet, RunContext
@@ -31,7 +31,7 @@ from engine.runtime.tasks import CompiledTask, load_tasks
 from engine.runtime.weights import place_weights
 from engine.runtime.workspace import Workspace
 from engine.storage import Storage
-from engine.tensor import Tensor
+from engine.tensor import Tensor, order_after
 
 if TYPE_CHECKING:
     from engine.bundle.contents import BundleContents
@@ -111,6 +111,10 @@ class GraphRuntime:
         self._weights = place_weights(contents, dict(devices.backends), dict(devices.devices), devices.registry)
         devices.synchronize()  # uploads went on this thread's streams; runs on any stream read them
         self.binder = InputBinder(contents.meta, dict(devices.devices))
+        #: The graph inputs on devices with their own memory, ``(position, kind)``: a run orders its work
+        #: after what is pending on their streams (``order_inputs``). Empty for host-only graphs.
+        self.device_inputs = tuple((i, sig.device) for i, sig in enumerate(contents.meta.inputs)
+                                   if not devices.backends[sig.device].host_accessible)
         #: Bumped whenever prepared runs must be rebuilt (new weights, new choices, hooks).
         self.generation = 0
         self._plans: dict[tuple[int, ...], KeyPlan] = {}
@@ -154,15 +158,28 @@ class GraphRuntime:
                     planner = self._planner
                     if planner is None:
                         backends = self.devices.backends
-                        index = self.devices.index
-                        segments = {k: b.max_allocation(index[k]) for k, b in backends.items()}
                         planner = GraphPlanner(self.contents, {k: b.alignment for k, b in backends.items()},
-                                               {k: v for k, v in segments.items() if v})
+                                               self._segment_sizes())
                         self._planner = planner
             plan = planner.plan(key)
             with self._lock:
                 plan = self._plans.setdefault(key, plan)
         return plan
+
+    def _segment_sizes(self) -> dict[str, int]:
+        """Per kind with an allocation cap, the segment size: the cap rounded down to the kind's
+        alignment, so that every segment starts aligned."""
+        sizes = {}
+        for kind, backend in self.devices.backends.items():
+            cap = backend.max_allocation(self.devices.index[kind])
+            if cap is None:
+                continue
+            segment = cap - cap % backend.alignment
+            if segment <= 0:
+                raise PluginError(f"the {kind} backend's largest allocation ({cap} bytes) is below its alignment "
+                                  f"({backend.alignment} bytes)")
+            sizes[kind] = segment
+        return sizes
 
     def plan_for(self, inputs: Sequence[Any]) -> KeyPlan:
         """The plan at the key these inputs give (validated as a run validates them)."""
@@ -210,6 +227,18 @@ class GraphRuntime:
             self.local.by_stream[current] = other
         self.local.lane = other
         return other
+
+    def order_inputs(self, lane: Lane, inputs: Sequence[Any]) -> None:
+        """Queue the lane's work after the work pending on each device input's stream (an event, when
+        it was produced on another stream or another thread's queue), and order the input's release
+        after the lane's stream."""
+        devices = self.devices
+        for position, kind in self.device_inputs:
+            storage = inputs[position].storage
+            producer, stream = storage.stream, lane.streams.get(kind)
+            if producer is not stream and producer != stream:
+                order_after(devices.backends[kind], devices.index[kind], producer, stream)
+                storage.stream = stream
 
     def ensure_workspaces(self, lane: Lane, plan: KeyPlan) -> None:
         """Grow the lane's workspaces to what ``plan`` needs (prepared runs pointing into the old

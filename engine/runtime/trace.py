@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from engine.bundle.contents import BundleContents
 from engine.device import Device
@@ -43,8 +43,9 @@ class TraceRecorder:
     """An ``InstructionObserver`` that records one trace event per instruction (and per tuning step)."""
 
     def __init__(self, contents: BundleContents, plan: KeyPlan, devices: dict[str, Device], *, identity: str,
-                 warmup: int = 0):
+                 warmup: int = 0, streams: Mapping[str, object] | None = None):
         self._contents = contents
+        self._streams = dict(streams or {})  # the lane's streams: work is timed where it is queued
         self._plan = plan
         self._devices = devices
         self._identity = identity
@@ -87,7 +88,8 @@ class TraceRecorder:
                 runner()
             del keep
         start = time.perf_counter_ns()
-        (ms,) = task.backend.time(run_once, warmup=0, repeat=1, device_index=task.device_index)
+        (ms,) = task.backend.time(run_once, stream=self._streams.get(task.meta.device), warmup=0, repeat=1,
+                                  device_index=task.device_index)
         ts = max(self._us(start), self._cursor_us)
         dur = ms * 1e3
         self._cursor_us = ts + dur
