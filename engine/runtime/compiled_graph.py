@@ -2,9 +2,11 @@
 
 The graph is split along its seams: what it runs *on* (devices, tasks, weights, plans, per-thread
 and per-stream lanes) is its ``GraphRuntime`` (``graph.runtime``, also what captures and reports
-use); what it *decides* (the dispatch table with locked updates, dispatch policies, tuning, its
-cache file and traces) and how it is saved stay here. The hot path reads the thread's lane and one
-dict; nothing in it is process-global (DESIGN §6).
+use); what it *decides* (the dispatch table, policy choices, tuning records, the cache file and
+traces) is its ``Dispatcher`` (``graph.dispatcher``). This class is the user's API on top: running
+(fast path, slow path, interpreting and tuning runs), ahead-of-time tuning, traces, profiles,
+hooks, weights, saving and pickling. The hot path reads the thread's lane and one dict; nothing in
+it is process-global (DESIGN §6).
 """
 
 from __future__ import annotations
