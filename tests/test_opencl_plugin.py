@@ -528,3 +528,24 @@ def test_tensors_round_trip_through_dlpack_as_cl_mem_handles(registry) -> None:
     back = engine.from_dlpack(tensor, registry=registry)
     assert back.device == "opencl:0" and back.storage.ptr.buffer.int_ptr == tensor.storage.ptr.buffer.int_ptr
     np.testing.assert_array_equal(back.numpy(registry=registry), x)
+
+
+def test_a_one_kernel_graph_with_no_workspace_runs_on_opencl(registry) -> None:
+    """Inputs and outputs only: nothing tells the core the kind's pointer type before the first run."""
+    add = registry.backend("opencl").reference_kernels()["add"]
+    b = GraphBuilder("one_kernel", registry=registry)
+    x = b.input("x", "float32", ["n"], device="opencl")
+    y = b.input("y", "float32", ["n"], device="opencl")
+    k = b.kernel("add", device="opencl", entries=list(add.entries), source=add.source, language=add.language,
+                 launch=add.launch)
+    (z,) = b.call(k, [x, y], [("float32", ["n"])], symbols=["n"])
+    b.output(z)
+    graph = b.build()
+    xs, ys = np.arange(100, dtype=np.float32), np.ones(100, np.float32)
+    xd, yd = (engine.asarray(a, device="opencl", registry=registry) for a in (xs, ys))
+    for _ in range(3):  # slow path, prepared, fast path with the same input pointers
+        (z,) = graph.run_async([xd, yd])
+        np.testing.assert_array_equal(z.numpy(), xs + 1)
+    yd2 = engine.asarray(np.full(100, 2, np.float32), device="opencl", registry=registry)
+    (z,) = graph.run_async([xd, yd2])  # a new input pointer is bound
+    np.testing.assert_array_equal(z.numpy(), xs + 2)

@@ -35,7 +35,10 @@ def resolve_static_pointers(ctx: RunContext, weights: Sequence[Tensor]) -> list[
     layout = plan.layout
     workspaces = ctx.workspaces
     weight_ptrs = [w.ptr for w in weights]
-    flat = (all(isinstance(ws.base, int) and not ws.segmented for ws in workspaces.values())
+    # Flat only when every kind is known to use integer pointers (a kind with neither workspace nor
+    # weights shows none: its inputs and outputs then get None, not the integer 0).
+    flat = (workspaces.keys() >= ctx.devices.backends.keys()
+            and all(isinstance(ws.base, int) and not ws.segmented for ws in workspaces.values())
             and all(isinstance(p, int) for p in weight_ptrs))
     if flat:
         ptrs = np.zeros(len(layout.where), np.uint64)

@@ -77,6 +77,8 @@ class OpenCLLaunch:
         self.call: Callable[[], int] = self._enqueue if all(self._global) else _nothing
 
     def set_tensor(self, index: int, ptr: Any) -> None:
+        if ptr is not None and self._ptrs[index] is ptr:
+            return  # the same pointer object as last run (a graph input passed again): already bound
         mem = self._buffer(ptr, f"tensor argument {index}")
         self._set(index, mem, f"tensor argument {index}")
         self._ptrs[index], self._held[index] = ptr, mem
