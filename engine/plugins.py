@@ -248,8 +248,8 @@ def _check_backend(backend: object) -> str | None:
         message = (f"backend {kind!r} speaks plugin API {version[0]}.{version[1]}, this engine speaks "
                    f"{API_VERSION[0]}.{API_VERSION[1]}")
         if version[0] < API_VERSION[0]:
-            changes = "; ".join(f"{major}.0: {API_CHANGES[major]}" for major in range(version[0] + 1, API_VERSION[0] + 1)
-                                if major in API_CHANGES)
+            changes = "; ".join(f"{major}.0: {API_CHANGES[major]}"
+                                for major in range(version[0] + 1, API_VERSION[0] + 1) if major in API_CHANGES)
             return f"{message}: upgrade the plugin (what changed in {changes})"
         return f"{message}: upgrade the engine"
     slot = backend.workspace_slot

@@ -1,7 +1,7 @@
 """Plans over two device kinds (issue 3): each kind's intermediates and scratch in its own workspace slot.
 
-The second kind is ``hostdev`` from ``support.py``: host memory under its own kind name and slot 4 (3 is reserved for opencl),
-registered by the test suite, not by an installed plugin (the shape a third-party plugin takes).
+The second kind is ``hostdev`` from ``support.py``: host memory under its own kind name and slot 4
+(3 is reserved for opencl), registered by the test suite, not by an installed plugin (the shape a third-party plugin takes).
 A third kind declared here, ``hostdev256``, asks for 256-byte alignment, as GPU backends do.
 """
 

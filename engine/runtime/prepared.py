@@ -70,7 +70,8 @@ def launch_dims(task: CompiledTask, choice: int, symbol_values: Sequence[int]) -
         raise KernelError(f"{spec.describe()}: launch dimensions at {values}: {exc}") from None
 
 
-def prepare_instruction(ctx: RunContext, task: CompiledTask, pos: int, choice: int, ptrs: list[Any]) -> tuple[Any, BackendBase | None]:
+def prepare_instruction(ctx: RunContext, task: CompiledTask, pos: int, choice: int,
+                        ptrs: list[Any]) -> tuple[Any, BackendBase | None]:
     """Bind instruction ``pos`` (candidate ``choice``) to ``ptrs``; returns the launch and its backend
     (``None`` for the core's copy tasks, which cannot be fused)."""
     plan = ctx.plan

@@ -137,7 +137,8 @@ def launch_runner(launch: Any) -> Callable[[], None]:
     return run_once
 
 
-def timing_operands(ctx: RunContext, task: CompiledTask, pos: int, ptrs: Sequence[Any]) -> tuple[list[Any], list[Storage]]:
+def timing_operands(ctx: RunContext, task: CompiledTask, pos: int,
+                    ptrs: Sequence[Any]) -> tuple[list[Any], list[Storage]]:
     """Operand pointers safe to run instruction ``pos`` repeatedly on, and the clones they use.
 
     An output written in place over an input (``share_map``) is redirected, together with that

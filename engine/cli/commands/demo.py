@@ -24,7 +24,8 @@ EXAMPLES = """
 
 
 def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
-    p = add_command(sub, "demo", help="build, save, load and run the example MLP classifier (on the CPU, or --device KIND)",
+    p = add_command(sub, "demo",
+                    help="build, save, load and run the example MLP classifier (on the CPU, or --device KIND)",
                     description="The README's first command: builds an MLP classifier from C kernels through the "
                                 "CPU plugin, saves it as a bundle, loads it back, checks it against numpy at three "
                                 "batch sizes, and shows what tuning chose and how fast the fast path is.",
