@@ -8,6 +8,8 @@
      ├── KernelError            (also RuntimeError) a kernel failed to load, compile or run
      ├── PluginError            (also RuntimeError) a device plugin is broken or incompatible
      ├── DeviceUnavailableError (also RuntimeError) no usable plugin or device for a kind
+     ├── OutOfMemoryError       (also MemoryError) a device cannot provide memory, or a plan needs too much
+     ├── SaveError              (also OSError)     a bundle could not be written; the old one is unchanged
      └── Unsupported            (also NotImplementedError) a backend lacks an optional capability
 
 Every error carries its context in the message (which member, which input, which kernel, what was
@@ -24,6 +26,8 @@ __all__ = [
     "KernelError",
     "PluginError",
     "DeviceUnavailableError",
+    "OutOfMemoryError",
+    "SaveError",
     "Unsupported",
 ]
 
@@ -35,7 +39,10 @@ class EngineError(Exception):
 class BundleError(EngineError, ValueError):
     """A bundle (or one of its members) is malformed, inconsistent, unsafe or over a limit.
 
-    ``member`` names the bundle member and ``path`` the JSON path inside it, when known.
+    ``member`` names the bundle member and ``path`` the JSON path inside it, when known; both are
+    kept as given. The message (``member @ path: message``) is one line whatever they contain: member
+    names, keys and text come from the bundle, so a name with a newline in it would otherwise let a
+    bundle forge log lines. Line breaks and other non-printable characters are escaped (``\\n``).
     """
 
     def __init__(self, message: str, *, member: str | None = None, path: str | None = None):
@@ -46,7 +53,7 @@ class BundleError(EngineError, ValueError):
                 where = f"{member} @ {path}: "
         elif path:
             where = f"@ {path}: "
-        super().__init__(where + message)
+        super().__init__(_one_line(where + message))
         self.member = member
         self.path = path
 
@@ -67,5 +74,79 @@ class DeviceUnavailableError(EngineError, RuntimeError):
     """No plugin provides the requested device kind, or it has no usable device."""
 
 
+class OutOfMemoryError(EngineError, MemoryError):
+    """A device could not provide memory the engine needed, or a key's plan needs more than allowed.
+
+    ``nbytes`` is the size that failed, ``device`` where (``"cpu:0"``), ``purpose`` what it was for
+    (``"output 0 ('probs') at batch=8"``; ``None`` where only the allocator knew of it) and ``cause``
+    the allocator's or the limit's reason. A backend's ``allocate`` cannot know the purpose, so the
+    core's allocation sites re-raise with it (``from_error``); a log line then says what to shrink.
+    Also a ``MemoryError``, so code that already handles running out of memory keeps working.
+    """
+
+    def __init__(self, nbytes: int, device: str, cause: str, purpose: str | None = None):
+        self.nbytes = nbytes
+        self.device = device
+        self.cause = _one_line(cause)
+        self.purpose = purpose
+        if nbytes >= _HUGE:  # printing it whole could hit Python's limit on integer digits
+            size = "more than 2**80 bytes"
+        else:
+            size = f"{nbytes} bytes" if nbytes < 1024 else f"{nbytes} bytes ({format_size(nbytes)})"
+        what = f" for {purpose}" if purpose else ""
+        super().__init__(f"{device}: cannot allocate {size}{what}: {self.cause}")
+
+    @classmethod
+    def from_error(cls, exc: BaseException, nbytes: int, device: str,
+                   purpose: str | None = None) -> "OutOfMemoryError":
+        """``exc`` (a ``MemoryError`` or ``OSError`` of an allocator, or an ``OutOfMemoryError``, whose
+        own size, device and cause are kept) as an ``OutOfMemoryError`` saying what it was for."""
+        if isinstance(exc, OutOfMemoryError):
+            return cls(exc.nbytes, exc.device, exc.cause, purpose if purpose is not None else exc.purpose)
+        return cls(nbytes, device, str(exc) or f"{type(exc).__name__} (out of memory)", purpose)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # The default pickles ``args`` (the message), which this ``__init__`` does not take.
+        return type(self), (self.nbytes, self.device, self.cause, self.purpose)
+
+
+def format_size(nbytes: int) -> str:
+    """``nbytes`` in binary units, one decimal (``3221225472`` -> ``"3.0 GiB"``), for messages.
+
+    Integer arithmetic throughout: a size too large for a float still formats.
+    """
+    units = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+    k = 0
+    while k + 1 < len(units) and nbytes >= 1024 ** (k + 1):
+        k += 1
+    if k == 0:
+        return f"{nbytes} bytes"
+    scale = 1024**k
+    tenths = (nbytes * 10 + scale // 2) // scale
+    return f"{tenths // 10}.{tenths % 10} {units[k]}"
+
+
+_HUGE = 2**80
+
+
+def _one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped: messages stay one log line."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 class Unsupported(EngineError, NotImplementedError):
     """The backend does not implement an optional capability."""
+
+
+class SaveError(EngineError, OSError):
+    """A bundle could not be written (no space, a read-only or unwritable directory, ...).
+
+    Raised only before the new bundle took the old one's place, so whatever was at ``path`` is
+    unchanged. ``path`` is the target and ``errno`` the operating system's error number, so code that
+    catches ``OSError`` keeps working.
+    """
+
+    def __init__(self, message: str, *, path: str, errno: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.errno = errno  # set after init: OSError would otherwise prefix "[Errno n]" to the message

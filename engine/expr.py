@@ -34,6 +34,7 @@ from typing import NoReturn
 import attrs
 import numpy as np
 
+from engine.bundle.jsonread import clip, parse_decimal
 from engine.errors import BundleError
 
 try:  # the compiled tape (``_exprtape.c``); optional, the Python tape gives the same values and errors
@@ -124,10 +125,10 @@ def _read(name: str) -> Callable[[Env], int]:
         if type(v) is int and _MIN <= v <= _MAX:
             return v
         if isinstance(v, bool) or not hasattr(v, "__index__"):
-            raise _Fail(f"symbol {name!r} is bound to {type(v).__name__} {v!r}, not an integer")
+            raise _Fail(f"symbol {name!r} is bound to {type(v).__name__} {_show(v)}, not an integer")
         v = operator.index(v)  # numpy integers and friends
         if not _MIN <= v <= _MAX:
-            raise _Fail(f"symbol {name!r} = {v} does not fit in int64")
+            raise _Fail(f"symbol {name!r} = {_show(v)} does not fit in int64")
         return v
     return read
 
@@ -146,7 +147,7 @@ def _compile(node: _Node) -> Callable[[Env], int]:
         return _read(node.value)  # type: ignore[arg-type]
 
     def overflow() -> NoReturn:
-        raise _Fail(f"int64 overflow in {_format(node)!r}")
+        raise _Fail(f"int64 overflow in {_quote(_format(node))}")
 
     if node.op == "neg":
         fx = _compile(node.args[0])
@@ -169,13 +170,25 @@ def _compile(node: _Node) -> Callable[[Env], int]:
         try:
             r = fn(fa(env), fb(env))
         except ZeroDivisionError:
-            raise _Fail(f"division by zero in {_format(node)!r}") from None
+            raise _Fail(f"division by zero in {_quote(_format(node))}") from None
         return r if _MIN <= r <= _MAX else overflow()
     return binary
 
 
 def _quote(text: str) -> str:
     return repr(text if len(text) <= 120 else text[:100] + "...")
+
+
+def _show(value: object) -> str:
+    """A value for a message, bounded: a symbol bound to ``10**5000`` must not make the message
+    itself fail (``str`` of an int past 4300 digits raises ValueError) or run to pages."""
+    if type(value) is int and not -10**30 < value < 10**30:
+        return f"{'-' if value < 0 else ''}<an integer of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception:  # an odd object's repr (a huge numpy integer subclass, say) -- its type will do
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:50] + f"... ({len(text)} characters)"
 
 
 class _Parser:
@@ -260,10 +273,10 @@ class _Parser:
         kind, digits, at = self.tokens[self.i]
         if kind == "int":  # a negative literal directly, so that -9223372036854775808 is expressible
             self.i += 1
-            value = -int(digits) if len(digits) <= 20 else _MIN - 1
-            if value < _MIN:
-                self.fail(f"integer literal -{digits} does not fit in int64", at)
-            node = self.make("int", (), pos, value)
+            magnitude = parse_decimal(digits, maximum=-_MIN)
+            if magnitude is None:
+                self.fail(f"integer literal {clip('-' + digits)} does not fit in int64", at)
+            node = self.make("int", (), pos, -magnitude)
         else:
             node = self.make("neg", (self.unary(),), pos)
         self.depth -= 1
@@ -273,9 +286,10 @@ class _Parser:
         kind, text, pos = self.tokens[self.i]
         if kind == "int":
             self.i += 1
-            if len(text) > 20 or int(text) > _MAX:
-                self.fail(f"integer literal {text} does not fit in int64", pos)
-            return self.make("int", (), pos, int(text))
+            value = parse_decimal(text)
+            if value is None:
+                self.fail(f"integer literal {clip(text)} does not fit in int64", pos)
+            return self.make("int", (), pos, value)
         if kind == "name":
             self.i += 1
             if text in _FUNCTIONS:
@@ -320,7 +334,7 @@ class Expr:
         try:
             return self._run(env)
         except _Fail as e:
-            bound = [f"{s}={env[s]!r}" for s in sorted(self.symbols) if s in env][:8]
+            bound = [f"{s}={_show(env[s])}" for s in sorted(self.symbols) if s in env][:8]
             note = f" (with {', '.join(bound)})" if bound else ""
             raise ExprError(f"cannot evaluate {_quote(self.source)}: {e}{note}",
                             member=self._member, path=self._path) from None
@@ -347,10 +361,10 @@ def parse_expr(value: str | int, *, member: str | None = None, path: str | None 
     """Parse expression text (or take an int as a constant); BundleError with context if malformed."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise BundleError(f"expected an integer or an expression string, got {type(value).__name__} "
-                          f"{value!r}", member=member, path=path)
+                          f"{_show(value)}", member=member, path=path)
     if isinstance(value, int):
         if not _MIN <= value <= _MAX:
-            raise BundleError(f"integer {value} does not fit in int64", member=member, path=path)
+            raise BundleError(f"integer {_show(value)} does not fit in int64", member=member, path=path)
         return Expr(str(value), frozenset(), value=value, run=lambda env: value, root=_Node("int", (), value),
                     member=member, path=path)
     if len(value) > MAX_TEXT_CHARS:

@@ -18,7 +18,7 @@ from engine import dlpack as _dlpack
 from engine import dtypes as _dtypes
 from engine.device import Device
 from engine.dtypes import DType
-from engine.errors import InputError
+from engine.errors import InputError, OutOfMemoryError
 from engine.hostptr import array_address
 from engine.storage import ExternalStorage, Storage
 
@@ -196,12 +196,18 @@ class Tensor:
 # -- factories ---------------------------------------------------------------------------------------
 def empty(shape: int | Sequence[int], dtype: DType | str | object, device: Device | str = "cpu", *,
           registry: "Registry | None" = None) -> Tensor:
-    """An uninitialized tensor allocated by ``device``'s backend."""
+    """An uninitialized tensor allocated by ``device``'s backend (``OutOfMemoryError`` naming this
+    call's shape and dtype when the device cannot provide it)."""
     dims = _shape(shape)
     dt = _dtypes.dtype(dtype)
     target = Device.parse(device)
     backend = _backend(target.kind, registry)
-    storage = backend.allocate(math.prod(dims) * dt.nbytes, target.index, backend.current_stream(target.index))
+    nbytes = math.prod(dims) * dt.nbytes
+    try:
+        storage = backend.allocate(nbytes, target.index, backend.current_stream(target.index))
+    except MemoryError as exc:
+        raise OutOfMemoryError.from_error(exc, nbytes, f"{target.kind}:{target.index}",
+                                          f"engine.empty({_dims_text(dims)}, {dt.name})") from exc
     return Tensor(storage, dt, dims, 0, registry=registry)
 
 
@@ -416,6 +422,14 @@ def _is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
             return False
         expected *= dim
     return True
+
+
+def _dims_text(dims: tuple[int, ...]) -> str:
+    """A shape for messages; one with an absurd dimension is summarised (Python refuses to print
+    integers of more than a few thousand digits)."""
+    if all(d < 2**63 for d in dims):
+        return str(list(dims))
+    return f"a {len(dims)}-dimensional shape with a dimension of 2**63 or more"
 
 
 def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:

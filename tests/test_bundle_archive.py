@@ -864,6 +864,9 @@ def test_dir_swap_failure_restores_old_tree(tmp_path, monkeypatch):
             raise OSError("injected rename failure")
         return real_rename(src, dst)
 
+    from engine.bundle import archive as archive_mod
+
+    monkeypatch.setattr(archive_mod, "_exchange", lambda a, b: False)  # the portable two-rename swap
     monkeypatch.setattr(os, "rename", flaky_rename)
     with pytest.raises(OSError, match="injected"):
         write_bundle(target, {"graph.json": b"v2"}, engine_version="2", form="dir")

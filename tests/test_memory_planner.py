@@ -418,7 +418,7 @@ def test_bad_sizes_are_input_errors(registry):
     assert plan.scratch[1][2] == 6 << 40 and plan.workspace_bytes["cpu"] == (6 << 40) + 64
     with pytest.raises(engine.InputError, match="workspace 'n \\* 1099511627776' is too large"):
         planner.plan(((1 << 22) + 1,))
-    with pytest.raises(engine.expr.ExprError, match="int64 overflow"):
+    with pytest.raises(engine.InputError, match="int64 overflow"):  # the key is at fault, not the bundle
         planner.plan((1 << 23,))
 
 

@@ -5,8 +5,8 @@ a *program loader* (binary bytes to a launchable kernel) and an optional *compil
 binary bytes, used by the builder). Policy that every plugin would otherwise copy lives here, in
 public methods; the device-specific work goes in underscore hooks:
 
-* ``allocate`` checks the size and turns allocation failures into a ``MemoryError`` naming size,
-  device and cause; the plugin writes ``_allocate``;
+* ``allocate`` checks the size and turns allocation failures into an ``OutOfMemoryError`` (also a
+  ``MemoryError``) naming size, device and cause; the plugin writes ``_allocate``;
 * ``load_kernel`` applies the binary-selection rule (the first binary ``loadable`` accepts, a
   ``BinaryRefused`` from ``_load_binary`` moves on to the next) and writes the error that lists
   every refused binary; the plugin writes ``_load_binary``;
@@ -29,7 +29,7 @@ from engine.backend.contract import (API_VERSION, Availability, BinaryPayload, C
                                      Stream)
 from engine.backend.events import HostEvent
 from engine.device import Device
-from engine.errors import KernelError, Unsupported
+from engine.errors import KernelError, OutOfMemoryError, Unsupported
 from engine.storage import Storage
 
 __all__ = ["BackendBase", "KernelBase", "BinaryRefused", "kernel_failure"]
@@ -75,14 +75,16 @@ class BackendBase:
 
     # -- allocator -----------------------------------------------------------------------------
     def allocate(self, nbytes: int, device_index: int = 0, stream: Stream = None) -> Storage:
-        """``nbytes`` on ``device_index`` for use on ``stream``, at an ``alignment``-aligned pointer."""
-        _check_size(nbytes)
+        """``nbytes`` on ``device_index`` for use on ``stream``, at an ``alignment``-aligned pointer.
+
+        A ``MemoryError`` or ``OSError`` from ``_allocate`` becomes an ``OutOfMemoryError`` naming the
+        size, the device and the cause; the core's call sites add what the memory was for.
+        """
+        _check_size(nbytes, self.kind, device_index)
         try:
             storage = self._allocate(nbytes, device_index, stream)
         except (MemoryError, OSError) as exc:
-            raise MemoryError(
-                f"{self.kind}:{device_index}: cannot allocate {nbytes} bytes ({nbytes / 2**20:.1f} MiB): {exc}"
-            ) from exc
+            raise OutOfMemoryError.from_error(exc, nbytes, f"{self.kind}:{device_index}") from exc
         if stream is not None and storage.stream is None:
             storage.stream = stream  # its release is ordered after the work on the stream it was made for
         return storage
@@ -95,9 +97,11 @@ class BackendBase:
         """A zero-argument factory of ``nbytes`` allocations for ``stream``, checked once.
 
         The fast path allocates every graph output afresh on every run through one of these.
-        The default goes through ``allocate``; backends may return something leaner (a pool).
+        The default goes through ``allocate``; backends may return something leaner (a pool), which
+        should raise ``OutOfMemoryError`` as ``allocate`` does (the core converts a plain
+        ``MemoryError`` too).
         """
-        _check_size(nbytes)
+        _check_size(nbytes, self.kind, device_index)
         allocate = self.allocate
         return lambda: allocate(nbytes, device_index, stream)
 
@@ -283,6 +287,14 @@ def kernel_failure(spec: CandidateSpec, code: int, device: str) -> KernelError:
     return KernelError(f"{spec.describe()} on {device} returned error code {code}")
 
 
-def _check_size(nbytes: Any) -> None:
+#: The largest size ``allocate`` passes to a plugin (the planner's bound on any size too). Larger
+#: sizes are refused as out of memory here: a plugin's allocator might raise something else for
+#: them (numpy raises ``ValueError`` past its largest array).
+MAX_ALLOCATION_BYTES = 2**62
+
+
+def _check_size(nbytes: Any, kind: str, device_index: int) -> None:
     if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
         raise ValueError(f"allocation size must be a non-negative int, got {nbytes!r}")
+    if nbytes > MAX_ALLOCATION_BYTES:
+        raise OutOfMemoryError(nbytes, f"{kind}:{device_index}", "larger than any device can provide (2**62 bytes)")

@@ -14,12 +14,15 @@ hands out is exactly what the manifest describes:
 * Every defect (bad names, truncation, inconsistent zip directory, limits, hash mismatch) is a
   :class:`~engine.errors.BundleError` naming the member, never a raw zipfile/struct/OS error.
 
-Saving is atomic (temp file or temp tree beside the target, fsync, rename), so a crash or an
-exception mid-write never leaves a half-written bundle where a good one was.
+Saving is atomic (temp file or temp tree beside the target, fsync, rename or atomic exchange), so a
+crash or an exception mid-write never leaves a half-written bundle, or none, where a good one was.
+A save killed outright can strand its temporary; the next save to the same target removes it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import io
 import json
@@ -30,8 +33,10 @@ import secrets
 import shutil
 import stat
 import struct
+import sys
 import threading
 import types
+import unicodedata
 import zipfile
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,7 +45,14 @@ from typing import Literal, Union
 
 import attrs
 
-from engine.errors import BundleError
+from engine.bundle.jsonread import INT64_MAX, INT64_MIN, clip
+from engine.bundle.text import utf8_problem
+from engine.errors import BundleError, SaveError
+
+try:  # POSIX: saves lock their temporaries so that the next save can tell abandoned ones
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "FORMAT_NAME",
@@ -90,7 +102,16 @@ _UNIX_FILE_ATTRS = (stat.S_IFREG | 0o644) << 16
 _CHUNK = 8 * 1024 * 1024  # streaming granularity for hashing, writing and verify()
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _DRIVE_RE = re.compile(r"[A-Za-z]:")
-_VERSION_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?")
+_VERSION_RE = re.compile(r"([0-9]{1,9})(?:\.([0-9]{1,9}))?")  # ASCII digits, bounded: int() never sees more
+
+# Reading: what a zip entry may carry (§1.2). Bit 3 means sizes and CRC follow the data in a
+# descriptor instead of the local header; bits 0, 6 and 13 are the encryption variants.
+_FLAG_DESCRIPTOR = 0x0008
+_FLAGS_ENCRYPTION = _FLAG_ENCRYPTED | 0x0040 | 0x2000
+# Characters no member name may hold (by Unicode category): controls (a newline would forge log
+# lines), lone surrogates (not UTF-8: a non-UTF-8 file name in the directory form), line breaks.
+_UNSAFE_NAME_CHARS = {"Cc": "a control character", "Cs": "a lone surrogate (not UTF-8)",
+                      "Zl": "a line separator", "Zp": "a paragraph separator"}
 
 
 # ---- names ------------------------------------------------------------------------------------
@@ -98,12 +119,17 @@ def _name_problem(name: object) -> str | None:
     """Why ``name`` is not a safe relative POSIX member name, or None if it is.
 
     The rules are strict (no ``.``/``..``/empty components, no backslashes, no drive letters) so
-    that one member name can mean only one file, both inside a zip and in the directory form.
+    that one member name can mean only one file, both inside a zip and in the directory form; no
+    control characters, line breaks or lone surrogates, so that a name prints on one line and is
+    UTF-8 in both forms.
     """
     if not isinstance(name, str) or not name:
         return "member names must be non-empty strings"
     if "\x00" in name:
         return "member name contains a NUL character"
+    unsafe = _unsafe_char(name)
+    if unsafe is not None:
+        return unsafe
     if "\\" in name:
         return "member name contains a backslash (names are POSIX paths with '/')"
     if name.startswith("/"):
@@ -116,10 +142,22 @@ def _name_problem(name: object) -> str | None:
     return None
 
 
+def _unsafe_char(name: str) -> str | None:
+    """The first character of ``name`` no member name may hold, described, or None."""
+    if name.isprintable():  # the common case; everything refused below is non-printable
+        return None
+    for ch in name:
+        what = _UNSAFE_NAME_CHARS.get(unicodedata.category(ch))
+        if what is not None:
+            return f"member name contains {what} (U+{ord(ch):04X})"
+    return None
+
+
 def _check_name(name: str) -> None:
     problem = _name_problem(name)
     if problem is not None:
-        raise BundleError(f"{problem}: {name!r}", member=name if isinstance(name, str) else repr(name))
+        shown = clip(name, 200) if isinstance(name, str) else repr(name)
+        raise BundleError(f"{problem}: {shown}", member=name if isinstance(name, str) else shown)
 
 
 # ---- manifest ---------------------------------------------------------------------------------
@@ -152,9 +190,62 @@ def _no_duplicate_keys(pairs):
     obj = {}
     for key, value in pairs:
         if key in obj:
-            raise ValueError(f"duplicate key {key!r} in a JSON object")
+            raise ValueError(f"duplicate key {clip(key)} in a JSON object")
         obj[key] = value
     return obj
+
+
+def _no_constants(name: str):
+    raise ValueError(f"non-standard JSON constant {name} (JSON members may not hold NaN or Infinity)")
+
+
+class _BigInteger:
+    """A JSON integer outside int64, kept as its text: no manifest field accepts it, and no huge
+    ``int`` is ever built from it (Python refuses to convert more than 4300 digits, with a bare
+    ValueError). Unknown keys may hold one harmlessly."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"integer {clip(self.text)}"
+
+
+def _bounded_int(text: str) -> int | _BigInteger:
+    # json's tokens are -?(0|[1-9][0-9]*) in ASCII: 20 characters hold any int64 and are cheap to convert.
+    if len(text) <= 20:
+        value = int(text)
+        if INT64_MIN <= value <= INT64_MAX:
+            return value
+    return _BigInteger(text)
+
+
+def _shown(value: object) -> str:
+    """A JSON value for a one-line message: strings quoted and clipped, containers by kind."""
+    if isinstance(value, str):
+        return clip(value)
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return "null" if value is None else repr(value)
+
+
+def _manifest_doc(raw: bytes) -> object:
+    """``manifest.json`` parsed as strict JSON: UTF-8 only (``json.loads`` given bytes would also
+    take UTF-16/32 and a byte-order mark), no duplicate keys, no NaN, integers bounded."""
+    problem = utf8_problem(raw)
+    if problem is not None:
+        raise BundleError(f"is not valid JSON: {problem}", member=MANIFEST_MEMBER)
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys,
+                          parse_constant=_no_constants, parse_int=_bounded_int)
+    except RecursionError:
+        raise BundleError("is not valid JSON: nested too deeply", member=MANIFEST_MEMBER) from None
+    except ValueError as e:  # JSONDecodeError, and the hooks above
+        raise BundleError(f"is not valid JSON: {e}", member=MANIFEST_MEMBER) from None
 
 
 @attrs.frozen
@@ -186,24 +277,21 @@ class Manifest:
         than a confusing shape error.
         """
         m = MANIFEST_MEMBER
-        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        raw = data.encode("utf-8", errors="surrogatepass") if isinstance(data, str) else bytes(data)
         if len(raw) > MAX_MANIFEST_BYTES:
             raise BundleError(f"is {len(raw)} bytes, over the {MAX_MANIFEST_BYTES}-byte limit", member=m)
-        try:
-            doc = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
-        except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise BundleError(f"is not valid JSON: {e}", member=m) from None
+        doc = _manifest_doc(raw)
         if not isinstance(doc, dict):
             raise BundleError("must be a JSON object", member=m, path="$")
         if doc.get("format") != FORMAT_NAME:
             raise BundleError(
-                f"expected {FORMAT_NAME!r}, got {doc.get('format')!r}: not an engine bundle",
+                f"expected {FORMAT_NAME!r}, got {_shown(doc.get('format'))}: not an engine bundle",
                 member=m, path="$.format",
             )
         version = _parse_format_version(doc.get("format_version"))
         engine_version = doc.get("engine_version")
         if not isinstance(engine_version, str):
-            raise BundleError(f"must be a string, got {engine_version!r}", member=m, path="$.engine_version")
+            raise BundleError(f"must be a string, got {_shown(engine_version)}", member=m, path="$.engine_version")
         files = doc.get("files")
         if not isinstance(files, dict):
             raise BundleError("must be an object mapping member names to {size, sha256}", member=m, path="$.files")
@@ -211,7 +299,7 @@ class Manifest:
             raise BundleError(f"lists {len(files)} members, over the limit of {MAX_MEMBERS}", member=m, path="$.files")
         entries = {}
         for name, entry in files.items():
-            where = f"$.files[{name!r}]"
+            where = f"$.files[{clip(name, 200)}]"
             problem = _name_problem(name)
             if problem is None and name == MANIFEST_MEMBER:
                 problem = "manifest.json cannot list itself"
@@ -221,9 +309,11 @@ class Manifest:
                 raise BundleError("must be an object with 'size' and 'sha256'", member=m, path=where)
             size, sha = entry.get("size"), entry.get("sha256")
             if type(size) is not int or size < 0:
-                raise BundleError(f"must be a non-negative integer, got {size!r}", member=m, path=where + ".size")
+                raise BundleError(f"must be a non-negative integer (at most 2**63-1), got {_shown(size)}",
+                                  member=m, path=where + ".size")
             if not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha):
-                raise BundleError(f"must be 64 lowercase hex digits, got {sha!r}", member=m, path=where + ".sha256")
+                raise BundleError(f"must be 64 lowercase hex digits, got {_shown(sha)}", member=m,
+                                  path=where + ".sha256")
             entries[name] = ManifestEntry(size, sha)
         return cls(format_version=version, engine_version=engine_version, files=entries)
 
@@ -239,14 +329,19 @@ class Manifest:
 
 
 def _parse_format_version(raw: object) -> tuple[int, int]:
+    """``(major, minor)`` from ``1``, ``"1"`` or ``"1.3"``.
+
+    Strings must be ASCII digits, at most 9 per part: ``int()`` would also take other scripts'
+    digits, underscores and signs, and raises a bare ValueError past 4300 digits.
+    """
     where = "$.format_version"
     match = _VERSION_RE.fullmatch(raw) if isinstance(raw, str) else None
-    if type(raw) is int:
+    if type(raw) is int:  # bounded to int64 by the manifest's JSON reader
         major, minor = raw, 0
     elif match:
         major, minor = int(match.group(1)), int(match.group(2) or 0)
     else:
-        raise BundleError(f"must be an integer or a 'major.minor' string, got {raw!r}",
+        raise BundleError(f"must be an integer or a 'major.minor' string of ASCII digits, got {_shown(raw)}",
                           member=MANIFEST_MEMBER, path=where)
     if major > FORMAT_VERSION:
         raise BundleError(
@@ -409,6 +504,19 @@ class BundleArchive:
             raise BundleError("sha256 mismatch: the member is corrupted or was modified", member=name)
         return data
 
+    def open_member(self, name: str, *, max_size: int) -> io.BufferedReader:
+        """The member as a read-only seekable file, hash-checked first by streaming it.
+
+        For a member that is itself an archive (``weights.npz``) and may be too large to ``read()``
+        whole: it is parsed in place over ``map()``, after ``verify()`` vouched for its bytes.
+        """
+        _, size = self._locate(name)
+        if size > max_size:
+            raise BundleError(f"is {size} bytes, over the {max_size}-byte limit", member=name)
+        if self.verify([name]):
+            raise BundleError("sha256 mismatch: the member is corrupted or was modified", member=name)
+        return io.BufferedReader(_ViewFile(self.map(name)))
+
     def map(self, name: str) -> memoryview:
         """Zero-copy read-only view of a member (NOT hash-checked; see verify()).
 
@@ -477,59 +585,192 @@ class BundleArchive:
                 self._file.close()
 
 
-def _parse_zip(fileobj, read_at, total: int, where: str):
-    """Validate a zip bundle; return (manifest, {name: (data offset, size)})."""
+@attrs.frozen
+class _ZipEnd:
+    """What the end-of-central-directory records say (zip64 values where present)."""
+
+    entries: int
+    cd_offset: int
+    cd_size: int
+    start: int  # offset of the first end record (the zip64 one where present): the directory ends here
+
+
+def _unreadable(read_at, total: int, where: str, reason: object) -> BundleError:
+    """The error for a file that is not a readable zip: empty, cut short, or something else entirely."""
+    if total == 0:
+        return BundleError(f"not a bundle: {where} is empty")
+    if read_at(0, 4) in (b"PK\x03\x04", b"PK\x05\x06"):
+        return BundleError(f"truncated bundle: {where} is cut short or its zip directory is damaged ({reason})")
+    return BundleError(f"not a bundle: {where} is not a zip archive ({reason})")
+
+
+def _read_zip_end(read_at, total: int, where: str) -> _ZipEnd:
+    """Find and check the end records, which must end the file exactly (§1.2).
+
+    zipfile scans for the record and silently shifts every offset when the directory is not where
+    the record says, so a file with bytes prepended, or two bundles concatenated, would open as
+    the bundle inside it. Here the record's archive comment must reach the last byte and the
+    directory must end exactly where the end records begin.
+    """
+    base = max(0, total - _EOCD.size - 0xFFFF)
+    tail = read_at(base, total - base)
+    pos = len(tail) - _EOCD.size
+    stray = None
+    while pos >= 0:
+        pos = tail.rfind(b"PK\x05\x06", 0, pos + 4)
+        if pos < 0:
+            break
+        _, disk, cd_disk, here, entries, cd_size, cd_offset, comment = _EOCD.unpack_from(tail, pos)
+        if pos + _EOCD.size + comment == len(tail):
+            break
+        if stray is None and pos + _EOCD.size + comment < len(tail) and cd_offset + cd_size == base + pos:
+            stray = len(tail) - pos - _EOCD.size - comment
+        pos -= 1
+    if pos < 0:
+        if stray is not None:
+            raise BundleError(f"not a bundle as written: {stray} bytes follow the zip end record of {where} "
+                              "(data appended to the archive?)")
+        raise _unreadable(read_at, total, where, "no end-of-central-directory record ends the file")
+    if (disk, cd_disk) != (0, 0) or here != entries:
+        raise BundleError(f"not a bundle: {where} is a multi-disk (split) zip archive")
+    start = base + pos
+    locator = start - _EOCD64_LOCATOR.size
+    if locator >= 0 and read_at(locator, 4) == b"PK\x06\x07":
+        entries, cd_offset, cd_size, start = _read_zip64_end(read_at, locator, where)
+    if cd_offset + cd_size != start:
+        shift = start - cd_offset - cd_size
+        what = (f"{shift} bytes precede the archive (bytes prepended to it, or several archives concatenated)"
+                if shift > 0 else "the directory overlaps the end record (damaged archive)")
+        raise BundleError(f"not a bundle as written: the zip directory of {where} should end at offset {start}, "
+                          f"where the end record begins, but the record puts it at {cd_offset}..{cd_offset + cd_size}: "
+                          f"{what}")
+    return _ZipEnd(entries, cd_offset, cd_size, start)
+
+
+def _read_zip64_end(read_at, locator: int, where: str) -> tuple[int, int, int, int]:
+    """(entries, directory offset, directory size, record offset) from the zip64 end record."""
+    _, disk, record, disks = _EOCD64_LOCATOR.unpack(read_at(locator, _EOCD64_LOCATOR.size))
+    raw = read_at(record, _EOCD64.size) if 0 <= record <= locator - _EOCD64.size else b""
+    if len(raw) != _EOCD64.size or raw[:4] != b"PK\x06\x06":
+        raise BundleError(f"truncated bundle: the zip64 end locator of {where} points at offset {record}, "
+                          "where there is no zip64 end record")
+    _, size, _, _, rdisk, cd_disk, here, entries, cd_size, cd_offset = _EOCD64.unpack(raw)
+    if (disk, rdisk, cd_disk, disks) != (0, 0, 0, 1) or here != entries:
+        raise BundleError(f"not a bundle: {where} is a multi-disk (split) zip archive")
+    if record + 12 + size != locator:
+        raise BundleError(f"not a bundle as written: the zip64 end record of {where} (offset {record}, {size + 12} "
+                          f"bytes) does not end where its locator begins (offset {locator})")
+    return entries, cd_offset, cd_size, record
+
+
+def _zip_entries(fileobj, read_at, total: int, where: str, end: _ZipEnd) -> list[zipfile.ZipInfo]:
+    """The central directory's entries (parsed by zipfile), checked against the end record."""
+    limit = 2 * MAX_MEMBERS + 1  # members, manifest.json and as many directory entries
+    if end.entries > limit:
+        raise BundleError(f"not a bundle: {where} has {end.entries} zip entries, over the limit of {limit} "
+                          f"({MAX_MEMBERS} members plus directory entries)")
     try:
         with zipfile.ZipFile(fileobj) as zf:
             infos, start_dir = zf.infolist(), zf.start_dir
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, OSError,
             ValueError, struct.error, OverflowError) as e:
-        if total == 0:
-            raise BundleError(f"not a bundle: {where} is empty") from None
-        if read_at(0, 4) in (b"PK\x03\x04", b"PK\x05\x06"):
-            raise BundleError(f"truncated bundle: {where} is cut short or its zip directory is damaged ({e})") from None
-        raise BundleError(f"not a bundle: {where} is not a zip archive ({e})") from None
+        raise _unreadable(read_at, total, where, e) from None
+    if start_dir != end.cd_offset or len(infos) != end.entries:
+        raise BundleError(f"not a bundle as written: the end record of {where} announces {end.entries} entries at "
+                          f"offset {end.cd_offset}, the zip directory holds {len(infos)} at {start_dir}")
+    return infos
 
-    entries: dict[str, zipfile.ZipInfo] = {}
+
+def _split_entries(infos: list[zipfile.ZipInfo],
+                   where: str) -> tuple[dict[str, zipfile.ZipInfo], list[zipfile.ZipInfo]]:
+    """({file name: entry}, [directory entries]): each name once and safe, no name both a file and a directory.
+
+    Names are the raw ones (zipfile's ``.filename`` is silently cut at NUL). Directory entries
+    (names ending in ``/``) are ignored, but their names are checked like any other: they are what
+    an unzip tool would create.
+    """
+    files: dict[str, zipfile.ZipInfo] = {}
+    dirs: dict[str, zipfile.ZipInfo] = {}
     for info in infos:
-        name = info.orig_filename  # zipfile's .filename is silently cut at NUL; check the raw name
-        if name.endswith("/"):
-            continue  # directory entries carry no data
-        if name in entries:
+        name = info.orig_filename
+        is_dir = name.endswith("/")
+        table = dirs if is_dir else files
+        if name in table:
             raise BundleError("appears more than once in the zip directory", member=name)
-        entries[name] = info
-        if len(entries) > MAX_MEMBERS + 1:
+        problem = _name_problem(name[:-1] if is_dir else name)
+        if problem is not None:
+            raise BundleError(f"{problem}: {clip(name, 200)}", member=name)
+        table[name] = info
+        if len(files) > MAX_MEMBERS + 1:
             raise BundleError(f"not a bundle: {where} has more than {MAX_MEMBERS} members (the limit)")
+    _check_tree(set(files), {name[:-1] for name in dirs})
+    return files, list(dirs.values())
+
+
+def _check_tree(files: set[str], dirs: set[str]) -> None:
+    """No name is both a file and a directory (§1.1): ``a`` and ``a/b``, or ``a`` and ``a/``."""
+    for name in sorted(files):
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            parent = "/".join(parts[:i])
+            if parent in files:
+                raise BundleError(f"conflicts with member {parent!r}: a name cannot be both a file and a directory",
+                                  member=name)
+        if name in dirs:
+            raise BundleError(f"conflicts with the directory entry {name + '/'!r}: a name cannot be both a file and "
+                              "a directory", member=name)
+
+
+def _check_layout(spans: list[tuple[int, int, str]], cd_offset: int) -> None:
+    """Entries tile the file from offset 0 to the zip directory: one byte, one member (§1.2).
+
+    ``spans`` are (local header offset, end of data, name). A gap is data nobody accounted for:
+    bytes prepended before the first entry, a data descriptor, or something hidden between members.
+    """
+    pos, prev = 0, None
+    for start, end, name in sorted(spans):
+        if start < pos:
+            raise BundleError(f"overlaps member {prev!r} in the zip file", member=name)
+        if start > pos:
+            where = f"the end of member {prev!r}" if prev is not None else "the start of the file"
+            raise BundleError(f"{start - pos} bytes between {where} and its local header belong to no member "
+                              "(bytes prepended to the archive, or hidden between members)", member=name)
+        pos, prev = end, name
+    if pos != cd_offset:
+        raise BundleError(f"{cd_offset - pos} bytes between its end and the zip directory belong to no member",
+                          member=prev)
+
+
+def _parse_zip(fileobj, read_at, total: int, where: str):
+    """Validate a zip bundle; return (manifest, {name: (data offset, size)})."""
+    end = _read_zip_end(read_at, total, where)
+    files, dirs = _split_entries(_zip_entries(fileobj, read_at, total, where, end), where)
 
     def locate(name: str, info: zipfile.ZipInfo) -> int:
-        return _local_data_offset(name, info, read_at, start_dir)
+        return _local_data_offset(name, info, read_at, end.cd_offset)
 
-    if MANIFEST_MEMBER not in entries:
+    if MANIFEST_MEMBER not in files:
         raise BundleError(f"missing from {where}: this zip archive is not an engine bundle", member=MANIFEST_MEMBER)
-    minfo = entries.pop(MANIFEST_MEMBER)
+    minfo = files.pop(MANIFEST_MEMBER)
     if minfo.file_size > MAX_MANIFEST_BYTES:
         raise BundleError(f"is {minfo.file_size} bytes, over the {MAX_MANIFEST_BYTES}-byte limit",
                           member=MANIFEST_MEMBER)
     moff = locate(MANIFEST_MEMBER, minfo)
+    # The version is read before anything else is judged, so a newer bundle gets "upgrade" (§16).
     manifest = Manifest.from_json(read_at(moff, minfo.file_size))
-    for name in entries:
-        _check_name(name)
-    members = {name: (locate(name, info), info.file_size) for name, info in entries.items()}
-    # Member byte ranges (local header through data) must not overlap: one byte, one member.
+    members = {name: (locate(name, info), info.file_size) for name, info in files.items()}
     spans = [(minfo.header_offset, moff + minfo.file_size, MANIFEST_MEMBER)]
-    spans += [(entries[name].header_offset, off + size, name) for name, (off, size) in members.items()]
-    spans.sort()
-    for (_, end, prev), (start, _, name) in zip(spans, spans[1:]):
-        if start < end:
-            raise BundleError(f"overlaps member {prev!r} in the zip file", member=name)
+    spans += [(files[name].header_offset, off + size, name) for name, (off, size) in members.items()]
+    spans += [(info.header_offset, locate(info.orig_filename, info) + info.file_size, info.orig_filename)
+              for info in dirs]
+    _check_layout(spans, end.cd_offset)
     _cross_check(manifest, {name: size for name, (_, size) in members.items()})
     return manifest, members
 
 
 def _local_data_offset(name: str, info: zipfile.ZipInfo, read_at, start_dir: int) -> int:
     """Check one entry's local header against the central directory; return its data offset."""
-    if info.flag_bits & _FLAG_ENCRYPTED:
-        raise BundleError("is encrypted; bundle members must be plain", member=name)
+    _check_flags(name, info.flag_bits)
     if info.compress_type != zipfile.ZIP_STORED:
         raise BundleError(f"uses compression method {info.compress_type}; bundle members must be "
                           "stored uncompressed (ZIP_STORED)", member=name)
@@ -542,6 +783,7 @@ def _local_data_offset(name: str, info: zipfile.ZipInfo, read_at, start_dir: int
     sig, _, flags, method, _, _, _, csize, usize, nlen, elen = _LOCAL.unpack(header)
     if sig != _LOCAL_SIG:
         raise BundleError("zip directory points at something that is not a local file header", member=name)
+    _check_flags(name, flags)
     if method != zipfile.ZIP_STORED:
         raise BundleError(f"uses compression method {method}; bundle members must be stored "
                           "uncompressed (ZIP_STORED)", member=name)
@@ -562,6 +804,15 @@ def _local_data_offset(name: str, info: zipfile.ZipInfo, read_at, start_dir: int
     if data + info.file_size > start_dir:
         raise BundleError("data runs past the start of the zip directory (truncated or overlapping)", member=name)
     return data
+
+
+def _check_flags(name: str, flags: int) -> None:
+    """Refuse encryption and data descriptors, from the central or the local header (§1.2)."""
+    if flags & _FLAGS_ENCRYPTION:
+        raise BundleError("is encrypted; bundle members must be plain", member=name)
+    if flags & _FLAG_DESCRIPTOR:
+        raise BundleError("uses a data descriptor (general purpose flag bit 3); bundle members must carry their "
+                          "sizes and CRC in the local header", member=name)
 
 
 def _zip64_local_sizes(name: str, extra: bytes, usize: int, csize: int) -> tuple[int, int]:
@@ -597,11 +848,16 @@ def _parse_dir(path: Path):
     root = os.path.realpath(path)
     files: dict[str, tuple[str, int]] = {}
     pending = [("", root)]
+    seen, limit = 0, 2 * MAX_MEMBERS + 1  # files and directories, as for the zip form's entries
     while pending:
         prefix, directory = pending.pop()
         with os.scandir(directory) as it:
             for entry in it:
                 name = prefix + entry.name
+                seen += 1
+                if seen > limit:
+                    raise BundleError(f"not a bundle: {str(path)!r} holds more than {limit} files and directories "
+                                      f"(the limit: {MAX_MEMBERS} members plus directories)")
                 _check_name(name)
                 if entry.is_symlink():
                     target = os.path.realpath(entry.path)
@@ -827,26 +1083,227 @@ def _remove(path: Path) -> None:
             pass
 
 
-def _swap_in(tmp: Path, target: Path, tag: str) -> None:
-    """Move the finished ``tmp`` to ``target``.
+# ---- temporaries: named, locked while in use, removed by the next save once abandoned ----------
+# A save works in ``.<name>.tmp-<16 hex>`` beside the target (``.<name>.old-<16 hex>`` only in the
+# portable directory swap). SIGKILL or a power cut can strand one; nothing can prevent that, since
+# the data must be written somewhere before the rename publishes it. So every save holds an
+# exclusive ``flock`` on its temporary while it runs (the kernel drops it when the process dies),
+# and the next save to the same target removes the temporaries whose lock it can take.
+def _temp_path(target: Path, kind: str, tag: str) -> Path:
+    return target.with_name(f".{target.name}.{kind}-{tag}")
 
-    Files replacing files use one atomic ``os.replace``. A directory cannot be atomically replaced
-    portably, so it is swapped: rename the old target aside, rename the new one in, delete the old.
-    Between the two renames (a few microseconds) ``target`` does not exist; a reader opening it
-    then gets "not a bundle" and a crash then leaves the old bundle at ``.<name>.old-<random>``.
+
+def _try_lock(fd: int, *, wait: bool) -> bool:
+    """Take an exclusive flock on ``fd``; False if another process holds it (and not ``wait``)."""
+    if fcntl is None:  # pragma: no cover - non-POSIX: no liveness test, so nothing is ever cleaned
+        return wait
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _open_no_follow(path: Path) -> int:
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.open(path, flags | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0))
+
+
+def _still_names(fd: int, path: Path) -> bool:
+    """Whether ``path`` is still the file or directory open as ``fd`` (not removed or replaced)."""
+    try:
+        here, there = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _create_temp(target: Path, form: str) -> tuple[Path, str, int | None]:
+    """A new temporary for ``target`` as ``(path, tag, fd)``, locked until ``fd`` is closed.
+
+    A cleaner may remove the temporary between its creation and the lock; then it no longer has
+    ``path`` as its name, and another name is tried. ``fd`` is None only for a directory where
+    directories cannot be opened (non-POSIX).
+    """
+    while True:
+        tag = secrets.token_hex(8)
+        tmp = _temp_path(target, "tmp", tag)
+        try:
+            if form == "zip":
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+                             | getattr(os, "O_CLOEXEC", 0), 0o666)
+            else:
+                os.mkdir(tmp)
+        except FileExistsError:
+            continue
+        if form == "dir":
+            if fcntl is None:  # pragma: no cover - non-POSIX: nothing to lock it with
+                return tmp, tag, None
+            try:
+                fd = _open_no_follow(tmp)
+            except FileNotFoundError:
+                continue  # a cleaner removed it before it was locked
+        _try_lock(fd, wait=True)
+        if _still_names(fd, tmp):
+            return tmp, tag, fd
+        os.close(fd)
+
+
+def _claim_abandoned(path: Path) -> int | None:
+    """An fd holding the lock of temporary ``path`` if no live save owns it, else None."""
+    if fcntl is None:  # pragma: no cover - non-POSIX
+        return None
+    try:
+        fd = _open_no_follow(path)
+    except OSError:
+        return None
+    if _try_lock(fd, wait=False) and _still_names(fd, path):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _leftovers(target: Path) -> dict[str, dict[str, Path]]:
+    """``{tag: {kind: path}}`` of the temporaries of saves to ``target`` in its directory."""
+    pattern = re.compile(re.escape(f".{target.name}.") + r"(tmp|old)-([0-9a-f]{16})")
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return {}
+    found: dict[str, dict[str, Path]] = {}
+    for name in sorted(names):
+        match = pattern.fullmatch(name)
+        if match:
+            found.setdefault(match.group(2), {})[match.group(1)] = target.with_name(name)
+    return found
+
+
+def _clean_leftovers(target: Path) -> None:
+    """Remove what killed saves to ``target`` left beside it; never a running save's temporary.
+
+    An ``old`` tree exists only if the portable directory swap died between its renames; if the
+    target is missing then, it is the old bundle and is renamed back instead of removed. Errors are
+    ignored: cleaning is housekeeping, and the save itself reports what stops it.
+    """
+    for tag, paths in _leftovers(target).items():
+        fd = None
+        if "tmp" in paths:
+            fd = _claim_abandoned(paths["tmp"])
+            if fd is None:
+                continue  # a live save (or something we cannot open): leave all of this tag alone
+        try:
+            old = paths.get("old")
+            if old is not None and not os.path.lexists(target):
+                os.rename(old, target)
+            elif old is not None:
+                _remove(old)
+            if fd is not None:
+                _remove(paths["tmp"])
+        except OSError:
+            pass
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+# ---- swapping in ------------------------------------------------------------------------------
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+_renameat2_fn: list = []  # [] until looked up, then [function or None]
+
+
+def _renameat2():
+    """glibc's ``renameat2`` (Linux 3.15+, glibc 2.28+), or None where there is none."""
+    if not _renameat2_fn:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).renameat2
+                fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _renameat2_fn.append(fn)
+    return _renameat2_fn[0]
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step; False where the OS or file system cannot."""
+    fn = _renameat2()
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), os.fspath(b))
+
+
+def _swap_by_renames(tmp: Path, target: Path, tag: str) -> None:
+    """Portable directory swap: rename the old target aside, the new one in, delete the old.
+
+    Between the two renames ``target`` does not exist: a reader then gets "not a bundle", and a
+    crash leaves the old bundle at ``.<name>.old-<tag>``, which the next save renames back.
+    """
+    old = _temp_path(target, "old", tag)
+    os.rename(target, old)
+    try:
+        os.rename(tmp, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    _remove(old)
+
+
+def _swap_in(tmp: Path, target: Path, tag: str) -> None:
+    """Move the finished ``tmp`` to ``target`` in one atomic step where the OS allows.
+
+    Files replacing files use ``os.replace``. A directory (or a file replacing one) cannot be
+    renamed over an existing target, so the two are exchanged atomically (``renameat2``
+    ``RENAME_EXCHANGE``): readers and crashes see the old bundle or the new one, never neither. The
+    old bundle then lies at ``tmp``, which the caller removes. Without the exchange (non-Linux, or
+    a file system that lacks it) the portable two-rename swap is used.
     """
     if os.path.lexists(target) and (tmp.is_dir() or (target.is_dir() and not target.is_symlink())):
-        old = target.with_name(f".{target.name}.old-{tag}")
-        os.rename(target, old)
-        try:
-            os.rename(tmp, target)
-        except BaseException:
-            os.rename(old, target)
-            raise
-        _remove(old)
+        if not _exchange(tmp, target):
+            _swap_by_renames(tmp, target, tag)
     else:
         os.replace(tmp, target)
     _fsync_dir(target.parent)
+
+
+# ---- saving -----------------------------------------------------------------------------------
+_SAVE_REASONS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "no space left: the disk quota is exceeded",
+    errno.EFBIG: "no space: the file would exceed the file-size limit",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOENT: "its directory does not exist",
+    errno.ENOTDIR: "a component of the path is not a directory",
+}
+
+
+def _save_error(target: Path, exc: OSError) -> SaveError:
+    """``exc`` as a one-line ``SaveError`` naming the target and the reason in words."""
+    reason = _SAVE_REASONS.get(exc.errno, "the operating system refused")
+    detail = f"{exc.strerror or exc}" + (f" at {exc.filename!r}" if exc.filename else "")
+    return SaveError(f"cannot save the bundle {os.fspath(target)!r}: {reason} ({detail}); "
+                     "the bundle that was there, if any, is unchanged", path=os.fspath(target), errno=exc.errno)
+
+
+def _write_temp(tmp: Path, fd: int | None, form: str, members: Mapping[str, MemberData], order: list[str],
+                engine_version: str) -> Manifest:
+    """Write and fsync the whole bundle into the claimed temporary ``tmp`` (open, locked, as ``fd``)."""
+    if form == "dir":
+        return _write_tree(tmp, members, order, engine_version)
+    assert fd is not None  # a zip temporary is always created open
+    with open(fd, "wb", closefd=False) as f:  # the fd (and its lock) lives until the swap is done
+        manifest = _write_zip(f, members, order, engine_version)
+        f.flush()
+        os.fsync(fd)
+    return manifest
 
 
 def write_bundle(target: str | os.PathLike, members: Mapping[str, MemberData], *, engine_version: str,
@@ -854,32 +1311,32 @@ def write_bundle(target: str | os.PathLike, members: Mapping[str, MemberData], *
     """Write a bundle atomically and return its manifest.
 
     Sizes and sha256 are computed while streaming the data (one pass). The bundle is built in
-    ``.<name>.tmp-<random>`` beside ``target`` and fsynced before it replaces ``target``; on any
-    exception the temp file/tree is removed and an existing ``target`` is left untouched. Replacing
-    a bundle that is currently open (e.g. re-saving via copy_members) is safe: open maps keep
-    referring to the old file's data.
+    ``.<name>.tmp-<random>`` beside ``target``, locked and fsynced, then swapped in atomically; on
+    any exception the temporary is removed and an existing ``target`` is left untouched, and an
+    ``OSError`` (full disk, read-only directory) is raised as a ``SaveError`` naming the target.
+    A save killed outright (SIGKILL, power loss) leaves the old bundle and its temporary; the next
+    save to the same target removes such abandoned temporaries. Replacing a bundle that is
+    currently open (e.g. re-saving via copy_members) is safe: open maps keep the old file's data.
     """
     if form not in ("zip", "dir"):
         raise ValueError(f"form must be 'zip' or 'dir', got {form!r}")
     order = _plan(members, engine_version)
     target = Path(os.fspath(target))
-    tag = secrets.token_hex(8)
-    tmp = target.with_name(f".{target.name}.tmp-{tag}")
     try:
-        if form == "zip":
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-            with open(fd, "wb") as f:
-                manifest = _write_zip(f, members, order, engine_version)
-                f.flush()
-                os.fsync(f.fileno())
-        else:
-            os.mkdir(tmp)
-            manifest = _write_tree(tmp, members, order, engine_version)
-        _swap_in(tmp, target, tag)
-    except BaseException:
-        if os.path.lexists(tmp):
-            _remove(tmp)
-        raise
+        _clean_leftovers(target)
+        tmp, tag, fd = _create_temp(target, form)
+        try:
+            manifest = _write_temp(tmp, fd, form, members, order, engine_version)
+            _swap_in(tmp, target, tag)
+        finally:
+            try:
+                if os.path.lexists(tmp):  # the failed save's data, or the old bundle after an exchange
+                    _remove(tmp)
+            finally:
+                if fd is not None:
+                    os.close(fd)  # releases the lock
+    except OSError as exc:
+        raise _save_error(target, exc) from exc
     return manifest
 
 

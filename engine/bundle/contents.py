@@ -7,10 +7,8 @@ copying it. ``bundle_members`` goes the other way for the writer. Neither touche
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import zipfile
 from typing import Sequence
 
 import attrs
@@ -19,7 +17,9 @@ import numpy as np
 from engine.bundle.archive import BundleArchive, MemberData
 from engine.bundle.dispatch_text import format_dispatch_table, parse_dispatch_table
 from engine.bundle.jsonread import JsonReader, loads_member
+from engine.bundle.npz import MAX_NPZ_BYTES, NPZ_MEMBER, ExpectedArray, read_npz
 from engine.bundle.schema import GraphExecution, GraphMetaData, KernelMeta, WeightEntry
+from engine.bundle.text import decode_utf8
 from engine.bundle.validate import GraphAnalysis, analyze_graph
 from engine.errors import BundleError
 
@@ -76,7 +76,9 @@ def read_bundle(source: str | os.PathLike | bytes | bytearray | memoryview) -> B
 def _json(archive: BundleArchive, member: str):
     if member not in archive:
         raise BundleError("required member is missing", member=member)
-    return loads_member(archive.read(member), member)
+    data = archive.read(member)
+    decode_utf8(data, member)  # strict UTF-8 first, so a UTF-16 member is called that, not a syntax error
+    return loads_member(data, member)
 
 
 def _read(archive: BundleArchive) -> BundleContents:
@@ -115,31 +117,37 @@ def _read(archive: BundleArchive) -> BundleContents:
                 if e.offset + e.nbytes > len(blob):
                     raise BundleError(f"weight {e.name!r} ends at byte {e.offset + e.nbytes}, past the end of "
                                       f"weights.bin ({len(blob)} bytes)", member="weights.json", path=f"$[{j}]")
-    elif "weights.npz" in archive:
-        npz = _read_npz(archive, len(execution.weights_index))
+    elif NPZ_MEMBER in archive:
+        with archive.open_member(NPZ_MEMBER, max_size=MAX_NPZ_BYTES) as file:
+            npz = read_npz(file, _npz_expectations(execution))
 
     analysis = analyze_graph(meta, execution, kernels, entries)
 
     rows: dict[tuple[int, ...], tuple[int, ...]] = {}
     if "dispatch_table.txt" in archive:
-        text = archive.read("dispatch_table.txt").decode("utf-8", errors="replace")
+        text = decode_utf8(archive.read("dispatch_table.txt"), "dispatch_table.txt")
         rows = parse_dispatch_table(text, symbols=meta.symbols,
                                     candidates_per_task=[len(k.candidates) for k in kernels])
     graph_string = ""
     if "graph_string.txt" in archive:
-        graph_string = archive.read("graph_string.txt").decode("utf-8", errors="replace")
+        graph_string = decode_utf8(archive.read("graph_string.txt"), "graph_string.txt")
     return BundleContents(archive, meta, execution, tuple(kernels), entries, blob, npz, rows, graph_string, analysis,
                           binaries)
 
 
-def _read_npz(archive: BundleArchive, count: int) -> tuple[np.ndarray, ...]:
-    """The reference runtime's ``weights.npz`` (``arr_0..arr_n`` in weights_index order); copied, not mapped."""
-    try:
-        with np.load(io.BytesIO(archive.read("weights.npz", max_size=2**40)), allow_pickle=False) as npz:
-            arrays = tuple(np.ascontiguousarray(npz[f"arr_{i}"]) for i in range(count))
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as exc:
-        raise BundleError(f"cannot read reference weights: {exc}", member="weights.npz") from None
-    return arrays
+def _npz_expectations(execution: GraphExecution) -> list[ExpectedArray | None]:
+    """What each ``arr_<j>`` of ``weights.npz`` must be, so that it is judged by its header before
+    anything is inflated. ``None`` where the plan cannot say yet (an index out of range, a symbolic
+    shape): the consistency checks that follow report those."""
+    out: list[ExpectedArray | None] = []
+    for t in execution.weights_index:
+        sig = execution.tensor_signatures[t] if 0 <= t < len(execution.tensor_signatures) else None
+        shape = tuple(e.constant for e in sig.shape) if sig is not None else (None,)
+        if sig is None or None in shape:
+            out.append(None)
+        else:
+            out.append(ExpectedArray(sig.dtype.numpy, shape, t))
+    return out
 
 
 def weights_layout(arrays: Sequence[tuple[str, np.ndarray]]) -> tuple[list[WeightEntry], list[MemberData], int]:

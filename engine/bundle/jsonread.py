@@ -8,40 +8,131 @@ string, got 3``. Inside the engine the resulting attrs objects are trusted.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable, TypeVar
 
 from engine.errors import BundleError
 
-__all__ = ["JsonReader", "loads_member"]
+__all__ = ["JsonReader", "loads_member", "parse_decimal", "clip", "INT64_MIN", "INT64_MAX", "MAX_DECIMAL_DIGITS"]
 
 T = TypeVar("T")
 
 _TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", bool: "a boolean"}
 
+#: Every integer read from bundle text lies in int64: the range of expression arithmetic (§11.2),
+#: so any integer a writer can put anywhere is also a valid constant, and sizes and indices that
+#: reach C structs never need more than 64 bits.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Longest run of decimal digits accepted (enough for any int64 magnitude). Python's ``int()`` is
+#: never handed more, so its own digit limit -- a bare ValueError -- cannot be reached.
+MAX_DECIMAL_DIGITS = 19
+_INT_RANGE = "JSON integers must lie in [-2**63, 2**63-1]"
+
+
+def parse_decimal(text: str, *, maximum: int = INT64_MAX) -> int | None:
+    """The value of a plain decimal -- ASCII digits only, at most 19 of them, at most ``maximum`` --
+    else None.
+
+    Every integer the engine reads from bundle text goes through here (JSON numbers, share_map keys,
+    dispatch rows, expression literals), because ``int()`` accepts much more than the format
+    allows: other scripts' digits (``'²'`` and ``'１'`` pass ``str.isdigit``), underscores
+    (``'1_0'``), signs and surrounding whitespace, and it raises a bare ValueError past 4300 digits.
+    """
+    # Among ASCII characters exactly 0-9 are digits; isascii() first shuts out every other script.
+    if not (0 < len(text) <= MAX_DECIMAL_DIGITS and text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= maximum else None
+
+
+def clip(text: str, limit: int = 40) -> str:
+    """``repr(text)`` cut to about ``limit`` characters with the full length noted: untrusted text
+    (a 5,000-digit number, a line of a table) goes into one-line messages of bounded size."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+class _Refused:
+    """A number the parser refused, left in the document so the walk afterwards can name its path."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
 
 def loads_member(data: bytes, member: str) -> Any:
-    """Parse a JSON member, refusing duplicate keys and non-finite numbers."""
+    """Parse a JSON member, refusing duplicate keys, non-finite numbers and integers outside int64.
+
+    Numbers are bounded inside the parser (``parse_int``/``parse_float``), before anything builds a
+    huge ``int``; an out-of-range one is reported with its JSON path wherever it appears, so no
+    later reader (or unknown key kept for forward compatibility) ever sees it.
+    """
+    refused: list[_Refused] = []
 
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
             if key in out:
-                raise BundleError(f"duplicate key {key!r}", member=member)
+                raise BundleError(f"duplicate key {clip(key)}", member=member)
             out[key] = value
         return out
 
     def no_constants(name: str) -> Any:
         raise BundleError(f"non-standard JSON constant {name}", member=member)
 
+    def bounded_int(text: str) -> int | _Refused:
+        if len(text) < MAX_DECIMAL_DIGITS and text.isascii():  # the scanner's tokens: -?[0-9]+
+            return int(text)
+        value = _json_int(text)
+        if value is None:
+            value = _Refused(f"integer {clip(text)} is out of range: {_INT_RANGE}")
+            refused.append(value)
+        return value
+
+    def finite_float(text: str) -> float | _Refused:
+        value = float(text)
+        if math.isfinite(value):
+            return value
+        refused.append(_Refused(f"number {clip(text)} is out of the range of a double"))
+        return refused[-1]
+
     try:
         text = data.decode("utf-8")
-        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
+        doc = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants,
+                         parse_int=bounded_int, parse_float=finite_float)
     except UnicodeDecodeError as exc:
         raise BundleError(f"not UTF-8 text: {exc}", member=member) from None
     except RecursionError:
         raise BundleError("JSON nested too deeply", member=member) from None
     except json.JSONDecodeError as exc:
         raise BundleError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", member=member) from None
+    if refused:
+        raise BundleError(refused[0].message, member=member, path=_path_of(doc, refused[0]))
+    return doc
+
+
+def _json_int(text: str) -> int | None:
+    """A JSON integer token in int64, else None (ASCII digits checked again by ``parse_decimal``)."""
+    if text.startswith("-"):
+        value = parse_decimal(text[1:], maximum=-INT64_MIN)
+        return None if value is None else -value
+    return parse_decimal(text)
+
+
+def _path_of(doc: Any, target: object) -> str:
+    """The JSON path of ``target`` inside ``doc`` (by identity), walked without recursion."""
+    stack: list[tuple[Any, str]] = [(doc, "$")]
+    while stack:
+        value, path = stack.pop()
+        if value is target:
+            return path
+        if isinstance(value, dict):
+            stack.extend((v, key_path(path, k)) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(value))))
+    return "$"
 
 
 class JsonReader:
@@ -70,7 +161,8 @@ class JsonReader:
         if not allow_extra:
             extra = set(value) - set(required) - set(optional)
             if extra:
-                raise self.error(path, f"unknown keys {sorted(extra)}")
+                names = ", ".join(clip(k) for k in sorted(extra)[:8])
+                raise self.error(path, f"{len(extra)} unknown keys: {names}")
         return value
 
     def str_(self, value: Any, path: str) -> str:
@@ -99,12 +191,18 @@ class JsonReader:
 
 
 def key_path(path: str, key: str) -> str:
-    return f"{path}.{key}" if key.isidentifier() else f"{path}[{key!r}]"
+    """``$.name`` for an ASCII identifier key, else ``$['key']`` quoted (and clipped) so that any
+    key prints on one line."""
+    if key.isidentifier() and key.isascii() and len(key) <= 40:
+        return f"{path}.{key}"
+    return f"{path}[{clip(key)}]"
 
 
 def _describe(value: Any) -> str:
     if value is None:
         return "null"
+    if isinstance(value, str) and len(value) > 40:
+        value = value[:40]  # a 60 MB string is cut before it is escaped, not after
     text = json.dumps(value) if isinstance(value, (str, int, float, bool)) else type(value).__name__
     if len(text) > 40:
         text = text[:37] + "..."

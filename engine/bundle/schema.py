@@ -9,11 +9,11 @@ in range, devices agreeing) is checked in ``engine.bundle.validate``.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import attrs
 
-from engine.bundle.jsonread import JsonReader, key_path
+from engine.bundle.jsonread import INT64_MAX, MAX_DECIMAL_DIGITS, JsonReader, clip, key_path, parse_decimal
 from engine.device import KIND_PATTERN
 from engine.dtypes import DTYPES, DType
 from engine.expr import Expr, parse_expr
@@ -45,14 +45,14 @@ _RESERVED = {"ceil_div", "min", "max"}
 def _kind(r: JsonReader, value: Any, path: str) -> str:
     r.str_(value, path)
     if not KIND_PATTERN.match(value):
-        raise r.error(path, f"invalid device kind {value!r} (a lowercase identifier such as 'cpu' or 'cuda')")
+        raise r.error(path, f"invalid device kind {clip(value)} (a lowercase identifier such as 'cpu' or 'cuda')")
     return value
 
 
 def _dtype(r: JsonReader, value: Any, path: str) -> DType:
     r.str_(value, path)
     if value not in DTYPES:
-        raise r.error(path, f"unknown dtype {value!r}; expected one of {', '.join(DTYPES)}")
+        raise r.error(path, f"unknown dtype {clip(value)}; expected one of {', '.join(DTYPES)}")
     return DTYPES[value]
 
 
@@ -62,22 +62,52 @@ def _expr(r: JsonReader, value: Any, path: str) -> Expr:
     return parse_expr(value, member=r.member, path=path)
 
 
+def _size(r: JsonReader, value: Any, path: str) -> Expr:
+    """A shape entry, workspace or launch dimension: negative is the bundle's mistake when it is a
+    constant, so it is refused here rather than at the first run (where it would read as the
+    input's fault). Symbolic ones are checked at each key."""
+    e = _expr(r, value, path)
+    if e.is_constant and e.constant < 0:  # type: ignore[operator]
+        raise r.error(path, f"expected a non-negative size, got {e.constant}")
+    return e
+
+
 def _symbol(r: JsonReader, value: Any, path: str) -> str:
     r.str_(value, path)
     if not SYMBOL_PATTERN.match(value) or value in _RESERVED:
-        raise r.error(path, f"invalid symbol name {value!r}")
+        raise r.error(path, f"invalid symbol name {clip(value)}")
     return value
 
 
 def _index_map(r: JsonReader, value: Any, path: str) -> dict[int, int]:
+    """A share_map: keys are indices written as plain ASCII decimals, each index once."""
     r.obj(value, path)
     out: dict[int, int] = {}
+    spelled: dict[int, str] = {}
     for key, target in value.items():
         sub = key_path(path, key)
-        if not key.isdigit():
-            raise r.error(path, f"key {key!r} is not a non-negative integer")
-        out[int(key)] = r.int_(target, sub)
+        index = parse_decimal(key)
+        if index is None:
+            raise r.error(sub, f"key {clip(key)} is not an index: expected 1 to {MAX_DECIMAL_DIGITS} ASCII digits "
+                               f"(0-9) below 2**63")
+        if index in spelled:  # "1" and "01" are one index: keeping either would silently drop the other
+            raise r.error(sub, f"key {clip(key)} repeats index {index} (also written {clip(spelled[index])})")
+        spelled[index] = key
+        out[index] = r.int_(target, sub)
     return out
+
+
+def checked_nbytes(itemsize: int, shape: Sequence[int], limit: int = INT64_MAX) -> int | None:
+    """``itemsize * prod(shape)``, or None once it passes ``limit``: the product of 32 untrusted
+    dimensions can have hundreds of digits, which no size needs and no message should print."""
+    if 0 in shape:
+        return 0
+    total = itemsize
+    for d in shape:
+        total *= d
+        if total > limit:
+            return None
+    return total
 
 
 def _expr_json(e: Expr) -> int | str:
@@ -93,7 +123,7 @@ class TensorSignature:
     @classmethod
     def from_json(cls, r: JsonReader, value: Any, path: str) -> "TensorSignature":
         r.obj(value, path, required=("device", "dtype", "shape"))
-        shape = r.list_(value["shape"], f"{path}.shape", lambda v, p: _expr(r, v, p), max_len=MAX_RANK)
+        shape = r.list_(value["shape"], f"{path}.shape", lambda v, p: _size(r, v, p), max_len=MAX_RANK)
         return cls(_kind(r, value["device"], f"{path}.device"), _dtype(r, value["dtype"], f"{path}.dtype"), shape)
 
     def to_json(self) -> dict[str, Any]:
@@ -237,7 +267,7 @@ class BinaryMeta:
         r.obj(value, path, required=("format", "target", "path"))
         fmt = r.str_(value["format"], f"{path}.format")
         if not fmt or len(fmt) > 64:
-            raise r.error(f"{path}.format", f"invalid binary format {fmt!r}")
+            raise r.error(f"{path}.format", f"invalid binary format {clip(fmt)}")
         return cls(fmt, r.str_(value["target"], f"{path}.target"), r.str_(value["path"], f"{path}.path"))
 
     def to_json(self) -> dict[str, Any]:
@@ -255,12 +285,11 @@ class LaunchMeta:
         r.obj(value, path, required=("grid", "block"))
 
         def dims(key: str) -> tuple[Expr, Expr, Expr]:
-            items = r.list_(value[key], f"{path}.{key}", lambda v, p: _expr(r, v, p))
-            if len(items) != 3:
-                raise r.error(f"{path}.{key}", f"expected 3 dimensions, got {len(items)}")
-            return items  # type: ignore[return-value]
+            if len(r.expect(value[key], list, f"{path}.{key}")) != 3:  # counted before any is parsed
+                raise r.error(f"{path}.{key}", f"expected 3 dimensions, got {len(value[key])}")
+            return r.list_(value[key], f"{path}.{key}", lambda v, p: _size(r, v, p))  # type: ignore[return-value]
 
-        return cls(dims("grid"), dims("block"), _expr(r, value.get("shared_memory", 0), f"{path}.shared_memory"))
+        return cls(dims("grid"), dims("block"), _size(r, value.get("shared_memory", 0), f"{path}.shared_memory"))
 
     def to_json(self) -> dict[str, Any]:
         return {"grid": [_expr_json(e) for e in self.grid], "block": [_expr_json(e) for e in self.block],
@@ -278,7 +307,7 @@ class CandidateMeta:
         r.obj(value, path, required=("entry", "binaries"))
         entry = r.str_(value["entry"], f"{path}.entry")
         if not ENTRY_PATTERN.match(entry):
-            raise r.error(f"{path}.entry", f"invalid entry symbol {entry!r}")
+            raise r.error(f"{path}.entry", f"invalid entry symbol {clip(entry)}")
         binaries = r.list_(value["binaries"], f"{path}.binaries", lambda v, p: BinaryMeta.from_json(r, v, p),
                            max_len=64)
         if not binaries:
@@ -308,8 +337,8 @@ class KernelMeta:
         r.obj(value, path, required=("name", "device", "inputs", "outputs"))
         sig = lambda v, p: TensorSignature.from_json(r, v, p)  # noqa: E731
         builtin = value.get("builtin")
-        if builtin is not None and builtin != "copy":
-            raise r.error(f"{path}.builtin", f"unknown builtin {builtin!r}; this engine knows 'copy'")
+        if builtin is not None and r.str_(builtin, f"{path}.builtin") != "copy":
+            raise r.error(f"{path}.builtin", f"unknown builtin {clip(builtin)}; this engine knows 'copy'")
         candidates = r.list_(value.get("candidates", []), f"{path}.candidates",
                              lambda v, p: CandidateMeta.from_json(r, v, p), max_len=MAX_CANDIDATES)
         if builtin is None and not candidates:
@@ -325,7 +354,7 @@ class KernelMeta:
             inputs=r.list_(value["inputs"], f"{path}.inputs", sig, max_len=4096),
             outputs=r.list_(value["outputs"], f"{path}.outputs", sig, max_len=4096),
             share_map=_index_map(r, value.get("share_map", {}), f"{path}.share_map"),
-            workspace=_expr(r, value.get("workspace", 0), f"{path}.workspace"),
+            workspace=_size(r, value.get("workspace", 0), f"{path}.workspace"),
             candidates=candidates,
             builtin=builtin,
         )
@@ -364,12 +393,11 @@ class WeightEntry:
             offset=r.int_(value["offset"], f"{path}.offset"),
             nbytes=r.int_(value["nbytes"], f"{path}.nbytes"),
         )
-        expected = entry.dtype.nbytes
-        for d in entry.shape:
-            expected *= d
+        expected = checked_nbytes(entry.dtype.nbytes, entry.shape)
         if expected != entry.nbytes:
+            size = f"{expected} bytes" if expected is not None else "more than 2**63-1 bytes"
             raise r.error(f"{path}.nbytes", f"{entry.nbytes} bytes does not match shape {list(entry.shape)} "
-                                            f"of {entry.dtype.name} ({expected} bytes)")
+                                            f"of {entry.dtype.name} ({size})")
         return entry
 
     def to_json(self) -> dict[str, Any]:

@@ -13,13 +13,19 @@ from typing import Sequence
 
 import attrs
 
-from engine.bundle.schema import GraphExecution, GraphMetaData, KernelMeta, TensorSignature, WeightEntry
+from engine.bundle.jsonread import clip
+from engine.bundle.schema import (GraphExecution, GraphMetaData, KernelMeta, TensorSignature, WeightEntry,
+                                  checked_nbytes)
 from engine.errors import BundleError
 
-__all__ = ["GraphAnalysis", "analyze_graph", "ROLE_INPUT", "ROLE_WEIGHT", "ROLE_INTERMEDIATE"]
+__all__ = ["GraphAnalysis", "analyze_graph", "ROLE_INPUT", "ROLE_WEIGHT", "ROLE_INTERMEDIATE", "MAX_TENSOR_BYTES"]
 
 ROLE_INPUT, ROLE_WEIGHT, ROLE_INTERMEDIATE = "input", "weight", "intermediate"
 META, EXEC = "meta.json", "graph_execution.json"
+#: Largest tensor, in bytes: the memory planner's limit at every key (sizes past it are refused at
+#: run time). A tensor whose shape is all constants is measured against it at load instead, so that
+#: the bundle -- not the caller's input -- is named.
+MAX_TENSOR_BYTES = 2**62
 
 
 @attrs.frozen
@@ -47,7 +53,7 @@ def analyze_graph(meta: GraphMetaData, ex: GraphExecution, kernels: Sequence[Ker
                           path="$.tensor_device")
     for t, (sig, kind) in enumerate(zip(ex.tensor_signatures, ex.tensor_device)):
         if sig.device != kind:
-            raise BundleError(f"signature device {sig.device!r} disagrees with tensor_device {kind!r}",
+            raise BundleError(f"signature device {clip(sig.device)} disagrees with tensor_device {clip(kind)}",
                               member=EXEC, path=f"$.tensor_signatures[{t}].device")
     if len(kernels) != meta.num_kernels:
         raise BundleError(f"num_kernels is {meta.num_kernels} but {len(kernels)} kernels were read", member=META,
@@ -73,23 +79,25 @@ def analyze_graph(meta: GraphMetaData, ex: GraphExecution, kernels: Sequence[Ker
     bound: set[str] = set()
     for i, sig in enumerate(meta.inputs):
         if not _same(sig, ex.tensor_signatures[i]) or sig.device != ex.tensor_device[i]:
-            raise BundleError(f"input {i} signature {sig.dtype.name}{sig.shape_str()} on {sig.device} differs "
+            raise BundleError(f"input {i} signature {_sig_text(sig)} on {sig.device} differs "
                               f"from tensor_signatures[{i}]", member=META, path=f"$.inputs[{i}]")
         for d, e in enumerate(sig.shape):
             if e.is_constant:
                 continue
             if e.source not in symbols:
                 raise BundleError(f"input shape entries must be integers or symbol names from $.symbols, got "
-                                  f"{e.source!r}", member=META, path=f"$.inputs[{i}].shape[{d}]")
+                                  f"{clip(e.source)}", member=META, path=f"$.inputs[{i}].shape[{d}]")
             bound.add(e.source)
     unbound = [s for s in meta.symbols if s not in bound]
     if unbound:
         raise BundleError(f"symbols {unbound} are not bound by any input's shape", member=META, path="$.symbols")
     for t, sig in enumerate(ex.tensor_signatures):
-        extra = sig.symbols - symbols
-        if extra:
-            raise BundleError(f"uses symbols {sorted(extra)} not declared in meta.json $.symbols", member=EXEC,
-                              path=f"$.tensor_signatures[{t}].shape")
+        used = sig.symbols
+        if not used:
+            _check_constant_size(sig, f"$.tensor_signatures[{t}].shape")
+        elif not used <= symbols:
+            raise BundleError(f"uses symbols {sorted(used - symbols)} not declared in meta.json $.symbols",
+                              member=EXEC, path=f"$.tensor_signatures[{t}].shape")
 
     roles = [ROLE_INPUT] * n_in + [ROLE_WEIGHT] * n_w + [ROLE_INTERMEDIATE] * (n - n_in - n_w)
     producer = [-1] * n
@@ -109,12 +117,15 @@ def analyze_graph(meta: GraphMetaData, ex: GraphExecution, kernels: Sequence[Ker
             if cand.launch is not None:
                 for e in (*cand.launch.grid, *cand.launch.block, cand.launch.shared_memory):
                     if not e.symbols <= set(kernel.symbols):
-                        raise BundleError(f"launch expression {e.source!r} uses symbols outside the kernel's "
+                        raise BundleError(f"launch expression {clip(e.source)} uses symbols outside the kernel's "
                                           f"$.symbols {list(kernel.symbols)}", member=member,
                                           path=f"$.candidates[{c}].launch")
         if not used <= symbols:
             raise BundleError(f"workspace uses undeclared symbols {sorted(used - symbols)}", member=member,
                               path="$.workspace")
+        if kernel.workspace.is_constant and kernel.workspace.constant > MAX_TENSOR_BYTES:  # type: ignore[operator]
+            raise BundleError(f"a workspace of {kernel.workspace.constant} bytes is over the limit of 2**62",
+                              member=member, path="$.workspace")
         for o, i in kernel.share_map.items():
             if o >= len(kernel.outputs) or i >= len(kernel.inputs):
                 raise BundleError(f"share_map {o} -> {i} is out of range ({len(kernel.outputs)} outputs, "
@@ -135,7 +146,7 @@ def analyze_graph(meta: GraphMetaData, ex: GraphExecution, kernels: Sequence[Ker
                               path=f"{path}.task_idx")
         kernel = kernels[ins.task_idx]
         if len(ins.inputs) != len(kernel.inputs) or len(ins.outputs) != len(kernel.outputs):
-            raise BundleError(f"kernel {kernel.name!r} takes {len(kernel.inputs)} inputs and {len(kernel.outputs)} "
+            raise BundleError(f"kernel {clip(kernel.name)} takes {len(kernel.inputs)} inputs and {len(kernel.outputs)} "
                               f"outputs, the instruction gives {len(ins.inputs)} and {len(ins.outputs)}",
                               member=EXEC, path=path)
         for a, t in enumerate(ins.inputs):
@@ -161,7 +172,7 @@ def analyze_graph(meta: GraphMetaData, ex: GraphExecution, kernels: Sequence[Ker
             src = ins.inputs[i]
             root = alias_root[src]
             if roles[root] == ROLE_WEIGHT:
-                raise BundleError(f"kernel {kernel.name!r} writes in place into weight tensor {root}; weights are "
+                raise BundleError(f"kernel {clip(kernel.name)} writes in place into weight tensor {root}; weights are "
                                   f"read-only", member=EXEC, path=path)
             alias_root[ins.outputs[o]] = root
         for f, t in enumerate(ins.free):
@@ -222,10 +233,10 @@ def analyze_graph(meta: GraphMetaData, ex: GraphExecution, kernels: Sequence[Ker
             sig = ex.tensor_signatures[t]
             shape = tuple(e.constant for e in sig.shape)
             if entry.dtype != sig.dtype or entry.shape != shape:
-                raise BundleError(f"weight {entry.name!r} is {entry.dtype.name}{list(entry.shape)} but tensor {t} is "
-                                  f"{sig.dtype.name}{sig.shape_str()}", member="weights.json", path=f"$[{j}]")
+                raise BundleError(f"weight {clip(entry.name)} is {entry.dtype.name}{list(entry.shape)} but tensor {t} "
+                                  f"is {_sig_text(sig)}", member="weights.json", path=f"$[{j}]")
             if entry.offset % 64:
-                raise BundleError(f"weight {entry.name!r} offset {entry.offset} is not 64-byte aligned",
+                raise BundleError(f"weight {clip(entry.name)} offset {entry.offset} is not 64-byte aligned",
                                   member="weights.json", path=f"$[{j}].offset")
     for t in ex.weights_index:
         if not all(e.is_constant for e in ex.tensor_signatures[t].shape):
@@ -235,15 +246,31 @@ def analyze_graph(meta: GraphMetaData, ex: GraphExecution, kernels: Sequence[Ker
                          tuple(sorted(kinds)))
 
 
+def _sig_text(sig: TensorSignature) -> str:
+    """``float32[batch, 64]`` for a message, cut short: 32 expressions of 4096 characters fit a
+    signature, and a message stays one readable line."""
+    text = f"{sig.dtype.name}{sig.shape_str()}"
+    return text if len(text) <= 120 else text[:100] + f"...] ({len(sig.shape)} dimensions)"
+
+
+def _check_constant_size(sig: TensorSignature, path: str) -> None:
+    """A shape of constants only must fit the planner's per-tensor limit (``MAX_TENSOR_BYTES``)."""
+    dims = [e.constant for e in sig.shape]
+    if checked_nbytes(sig.dtype.nbytes, dims, MAX_TENSOR_BYTES) is not None:  # type: ignore[arg-type]
+        return
+    raise BundleError(f"a {_sig_text(sig)} tensor needs more than 2**62 bytes, the limit for one "
+                      f"tensor", member=EXEC, path=path)
+
+
 def _check_sig(kernel: KernelMeta, ksig: TensorSignature, ex: GraphExecution, t: int, where: str,
                copy_side: str) -> None:
     tsig = ex.tensor_signatures[t]
     if not _same(ksig, tsig):
-        raise BundleError(f"kernel {kernel.name!r} expects {ksig.dtype.name}{ksig.shape_str()}, tensor {t} is "
-                          f"{tsig.dtype.name}{tsig.shape_str()}", member=EXEC, path=where)
+        raise BundleError(f"kernel {clip(kernel.name)} expects {_sig_text(ksig)}, tensor {t} is "
+                          f"{_sig_text(tsig)}", member=EXEC, path=where)
     if ksig.device != ex.tensor_device[t]:
-        raise BundleError(f"kernel {kernel.name!r} expects this tensor on {ksig.device}, tensor {t} lives on "
+        raise BundleError(f"kernel {clip(kernel.name)} expects this tensor on {ksig.device}, tensor {t} lives on "
                           f"{ex.tensor_device[t]}", member=EXEC, path=where)
     if kernel.builtin is None and ksig.device != kernel.device:
-        raise BundleError(f"kernel {kernel.name!r} runs on {kernel.device} but its {copy_side}put signature is on "
+        raise BundleError(f"kernel {clip(kernel.name)} runs on {kernel.device} but its {copy_side}put signature is on "
                           f"{ksig.device}", member=EXEC, path=where)

@@ -26,8 +26,9 @@ __all__ = [
 MAX_GRID = 100_000
 
 _NAME_RE = re.compile(r"[A-Za-z_]\w*\Z")
-_RANGE_RE = re.compile(r"(-?\d+)\.\.(-?\d+)(?::(\d+))?\Z")
-_INT_RE = re.compile(r"-?\d+\Z")
+# ASCII digits only (``\d`` would take other scripts' digits), at most 18: int() never sees a huge value.
+_RANGE_RE = re.compile(r"(-?[0-9]{1,18})\.\.(-?[0-9]{1,18})(?::([0-9]{1,18}))?\Z")
+_INT_RE = re.compile(r"-?[0-9]{1,18}\Z")
 
 
 class UsageError(Exception):

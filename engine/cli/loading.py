@@ -165,7 +165,7 @@ def _index_of(spec: InputSpec, names: Sequence[str]) -> int:
         return 0
     if spec.name in names:
         return names.index(spec.name)
-    if spec.name.isdigit() and int(spec.name) < len(names):
+    if spec.name.isascii() and spec.name.isdigit() and len(spec.name) <= 18 and int(spec.name) < len(names):
         return int(spec.name)
     raise UsageError(f"--input {spec.text!r}: the graph has no input {spec.name!r} (inputs: {', '.join(names)})")
 

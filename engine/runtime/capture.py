@@ -12,12 +12,14 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from engine.backend import Replayable
-from engine.errors import InputError, Unsupported
+from engine.backend import BackendBase, Replayable
+from engine.errors import InputError, OutOfMemoryError, Unsupported
 from engine.runtime.context import RunContext
-from engine.runtime.prepared import OutputWrapper, PreparedRun
+from engine.runtime.plan import KeyPlan, key_text
+from engine.runtime.prepared import OutputWrapper, PreparedRun, input_text, output_purpose
 from engine.runtime.runtime import GraphRuntime
-from engine.runtime.workspace import Workspace
+from engine.runtime.workspace import Workspace, close_all
+from engine.storage import Storage
 from engine.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -101,6 +103,47 @@ class CapturedGraph:
         return f"<CapturedGraph at {self._key_text()} ({self.method})>"
 
 
+def _static_buffers(runtime: GraphRuntime, plan: KeyPlan, streams: dict[str, Any]
+                    ) -> tuple[list[Tensor], dict[str, Workspace], list[Storage]]:
+    """The capture's own input buffers, workspaces and output buffers at ``plan``'s key.
+
+    An ``OutOfMemoryError`` says which buffer failed; the ones already made are released first.
+    """
+    devices, contents = runtime.devices, runtime.contents
+    backends, index = devices.backends, devices.index
+    at = key_text(plan.env)
+    made: list[Storage] = []
+    try:
+        inputs = []
+        for i, sig in enumerate(contents.meta.inputs):
+            what = f"a capture's copy of {input_text(contents.meta.input_names, i)} at {at}"
+            storage = _allocate(backends[sig.device], index[sig.device], plan.nbytes[i], streams[sig.device], what)
+            made.append(storage)
+            inputs.append(Tensor(storage, sig.dtype, plan.shapes[i], 0, registry=devices.registry))
+        workspaces = {}
+        for kind, nbytes in plan.workspace_bytes.items():
+            workspaces[kind] = Workspace(backends[kind], index[kind], nbytes, streams[kind],
+                                         plan.segment_bytes.get(kind), purpose=f"a capture's {kind} workspace at {at}")
+            made.extend(workspaces[kind].storages)
+        out_storages = []
+        for slot, s in enumerate(plan.output_slots):
+            what = f"a capture's {output_purpose(contents, plan, slot)}"
+            out_storages.append(_allocate(backends[s.kind], index[s.kind], s.nbytes, streams[s.kind], what))
+            made.append(out_storages[-1])
+    except OutOfMemoryError:
+        close_all(made)
+        raise
+    return inputs, workspaces, out_storages
+
+
+def _allocate(backend: BackendBase, device_index: int, nbytes: int, stream: Any, purpose: str) -> Storage:
+    """``backend.allocate``, its ``OutOfMemoryError`` saying what the memory was for."""
+    try:
+        return backend.allocate(nbytes, device_index, stream)
+    except MemoryError as exc:
+        raise OutOfMemoryError.from_error(exc, nbytes, f"{backend.kind}:{device_index}", purpose) from exc
+
+
 def _closed(stream: Any = None) -> None:
     raise InputError("this captured graph was closed")
 
@@ -115,17 +158,11 @@ def capture_graph(graph: "CompiledGraph", example_inputs: Sequence[Any]) -> Capt
     streams = devices.current_streams()
     backends, index = devices.backends, devices.index
 
-    inputs = []
-    for i, sig in enumerate(graph.meta.inputs):
-        backend = backends[sig.device]
-        stream = streams[sig.device]
-        storage = backend.allocate(plan.nbytes[i], index[sig.device], stream)
-        if storage.nbytes:
-            backend.copy_device(storage.ptr, ptrs[i], storage.nbytes, stream)
-        inputs.append(Tensor(storage, sig.dtype, plan.shapes[i], 0, registry=devices.registry))
-    workspaces = {k: Workspace(backends[k], index[k], n, streams[k], plan.segment_bytes.get(k))
-                  for k, n in plan.workspace_bytes.items()}
-    out_storages = [backends[s.kind].allocate(s.nbytes, index[s.kind], streams[s.kind]) for s in plan.output_slots]
+    inputs, workspaces, out_storages = _static_buffers(runtime, plan, streams)
+    for i, static in enumerate(inputs):
+        if static.nbytes:
+            kind = static.device.kind
+            backends[kind].copy_device(static.ptr, ptrs[i], static.nbytes, streams[kind])
     weights = runtime.require_weights()
     ctx = RunContext(runtime.contents, plan, devices, streams, workspaces)
     run = PreparedRun(ctx, runtime.tasks, choices, weights)

@@ -23,21 +23,22 @@ from engine.bundle import archive as _archive
 from engine.bundle.contents import BundleContents, bundle_members, read_bundle
 from engine.bundle.schema import GraphExecution, GraphMetaData
 from engine.device import Device
-from engine.errors import BundleError, InputError, Unsupported
+from engine.errors import BundleError, InputError, OutOfMemoryError, Unsupported
 from engine.plugins import Registry, default_registry
 from engine.hostptr import array_address
 from engine.runtime.dispatch import DispatchTable
 from engine.runtime.dispatch_cache import DispatchCache
 from engine.runtime.dispatcher import Dispatcher, TuneBatch
 from engine.runtime.interpreter import InstructionObserver, ModelExecutionHook, interpret
-from engine.runtime.plan import KeyPlan
-from engine.runtime.prepared import OutputWrapper, PreparedRun
+from engine.runtime.plan import KeyPlan, device_text, key_text
+from engine.runtime.prepared import OutputWrapper, PreparedRun, input_text
 from engine.runtime.runtime import GraphRuntime, Lane, RunStats, open_devices
 from engine.runtime.profile import Profile, ProfileRecorder
 from engine.runtime.trace import TraceRecorder, write_trace
 from engine.runtime.tuning import CandidateTiming, TuningOptions, TuningStats
 from engine.runtime.tasks import CompiledTask
 from engine.runtime.weights import check_weights
+from engine.runtime.workspace import close_all
 from engine.storage import ExternalStorage, Storage
 from engine.tensor import Tensor, from_dlpack, tensor_from_numpy
 
@@ -326,7 +327,13 @@ class CompiledGraph:
         for i, sig in enumerate(self.meta.inputs):
             backend = devices.backends[sig.device]
             stream = lane.streams.get(sig.device)
-            storage = backend.allocate(plan.nbytes[i], devices.index[sig.device], stream)
+            try:
+                storage = backend.allocate(plan.nbytes[i], devices.index[sig.device], stream)
+            except MemoryError as exc:
+                close_all(t.storage for t in out)
+                raise OutOfMemoryError.from_error(exc, plan.nbytes[i], device_text(devices.devices[sig.device]),
+                                                  f"{input_text(self.meta.input_names, i)} (zero-filled, to tune) "
+                                                  f"at {key_text(plan.env)}") from exc
             if storage.nbytes:
                 backend.memset(storage.ptr, 0, storage.nbytes, stream)
             out.append(Tensor(storage, sig.dtype, plan.shapes[i], 0, registry=devices.registry))

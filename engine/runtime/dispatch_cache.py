@@ -11,7 +11,9 @@ Several processes may tune the same bundle at once. Each write therefore
 2. re-reads the current file under the lock and merges its rows with the new ones (the new rows
    win for a key both have), so no writer loses another's rows;
 3. writes the merged table to a temporary file beside it, fsyncs it and ``os.replace``s it over the
-   old one, so readers (which never lock) see the old table or the new one, never a mix.
+   old one, so readers (which never lock) see the old table or the new one, never a mix. A writer
+   killed before the rename leaves its ``.<file>.tmp-<12 hex>``; only lock holders write those, so
+   the next writer, holding the lock, removes them.
 
 A file that cannot be parsed (truncated, garbled, another graph's header, an index out of range)
 is reported once per graph with a ``DispatchCacheWarning`` naming the file and line, and ignored:
@@ -22,6 +24,7 @@ that cannot be written is also reported once; tuning still works, it is just not
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import sys
 import threading
@@ -189,6 +192,7 @@ class DispatchCache:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             with self._lock, file_lock(self.lock_path):
+                self._remove_abandoned_temporaries()
                 current, problem = self._read()
                 if problem is not None:  # replaced below by a valid table
                     self._report_unlocked(problem)
@@ -201,6 +205,24 @@ class DispatchCache:
         except OSError as exc:
             self.report(f"dispatch cache {self.path} cannot be written ({exc}); tuned rows are kept in memory only")
             return dict(rows)
+
+    def _remove_abandoned_temporaries(self) -> None:
+        """Delete temporaries of writers that died mid-write (call with the file lock held).
+
+        Every writer of this file holds the lock while its temporary exists, so with the lock held
+        any temporary of this file belongs to a writer that was killed. Best effort.
+        """
+        pattern = re.compile(re.escape(f".{self.path.name}.tmp-") + "[0-9a-f]{12}")
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return
+        for name in names:
+            if pattern.fullmatch(name):
+                try:
+                    os.unlink(self.directory / name)
+                except OSError:
+                    pass
 
     def _report_unlocked(self, problem: str) -> None:
         # Called with self._lock held: record and warn without re-taking it.

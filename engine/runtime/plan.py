@@ -16,22 +16,29 @@ is within ``REPLAY_SLACK_PERCENT`` of the lower bound, else by a fresh best-fit.
 back as arrays over the layout, not as a Python object per tensor. With the compiled helpers
 (``_planner.c``, ``engine/_exprtape.c``) a new key of the 1,000-instruction benchmark transformer
 costs about 0.2 ms, the first key of a graph about 0.5 ms (``docs/memory.md`` §7; issue 3).
+
+A key whose workspace plus fresh outputs on one device would exceed that device's ``MemoryLimit``
+(``ENGINE_MAX_PLANNED_BYTES``; by default the machine's physical memory for host memory and
+``DEVICE_PLANNED_BYTES`` for device memory) is refused by ``plan`` with an ``OutOfMemoryError``
+naming the key, the device and the sizes, before anything is allocated for it (issue 12).
 """
 
 from __future__ import annotations
 
 import math
 import operator
+import os
 import threading
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import attrs
 import numpy as np
 
 from engine.bundle.contents import BundleContents
 from engine.bundle.validate import ROLE_INPUT, ROLE_WEIGHT
-from engine.errors import EngineError, InputError
-from engine.expr import Expr, ExprBatch, parse_expr
+from engine.device import Device
+from engine.errors import EngineError, InputError, OutOfMemoryError, format_size
+from engine.expr import Expr, ExprBatch, ExprError, parse_expr
 from engine.runtime.memory import (Interference, ReplayTemplate, SizeError, live_peak, plan_array, segment_offsets,
                                    tie_ranks, total_bytes)
 
@@ -41,7 +48,8 @@ except ImportError:  # pragma: no cover - an install without a C compiler
     _native = None
 
 __all__ = ["Placement", "PlanLayout", "KeyPlan", "OutputSlot", "GraphPlanner", "build_key_plan", "INPUT", "WEIGHT",
-           "OUTPUT", "WORKSPACE", "REPLAY_SLACK_PERCENT", "template_key"]
+           "OUTPUT", "WORKSPACE", "REPLAY_SLACK_PERCENT", "template_key", "MemoryLimit", "memory_limits", "key_text",
+           "device_text", "MAX_PLANNED_BYTES_ENV", "DEVICE_PLANNED_BYTES"]
 
 INPUT, WEIGHT, OUTPUT, WORKSPACE = 0, 1, 2, 3
 
@@ -51,6 +59,75 @@ _MAX_BYTES = 2**62
 #: and the lower of the two peaks wins.
 REPLAY_SLACK_PERCENT = 2
 _MISSING = object()
+
+#: ``ENGINE_MAX_PLANNED_BYTES``: the most memory one key's plan may need on one device (its workspace
+#: plus its fresh output buffers), in bytes. A key over it is refused when it is planned, before
+#: anything is allocated, with an ``OutOfMemoryError`` naming the key, the device and the sizes.
+MAX_PLANNED_BYTES_ENV = "ENGINE_MAX_PLANNED_BYTES"
+#: The limit for devices with their own memory when the environment sets none (256 TiB): more than
+#: any device has, so it only stops absurd plans early; the device's allocator refuses the rest.
+DEVICE_PLANNED_BYTES = 2**48
+
+
+@attrs.frozen
+class MemoryLimit:
+    """The most bytes one key's plan may need on ``device`` (``"cpu:0"``), and why that figure."""
+
+    device: str
+    nbytes: int
+    source: str
+
+
+def memory_limits(devices: Mapping[str, Device], host_kinds: Collection[str],
+                  env: Mapping[str, str]) -> dict[str, MemoryLimit]:
+    """Per kind, the planned-memory limit: ``ENGINE_MAX_PLANNED_BYTES`` when ``env`` sets it, else
+    the machine's physical memory for kinds in host memory and ``DEVICE_PLANNED_BYTES`` for others.
+
+    Without such a limit a workspace expression like ``batch * 10**12`` reaches the allocator (or,
+    with overcommit, succeeds and fails later); with it the plan is refused first, by name.
+    """
+    raw = env.get(MAX_PLANNED_BYTES_ENV, "").strip()
+    configured = _env_bytes(raw) if raw else None
+    physical = physical_memory()
+    limits = {}
+    for kind, device in devices.items():
+        label = device_text(device)
+        if configured is not None:
+            limits[kind] = MemoryLimit(label, configured, f"set by {MAX_PLANNED_BYTES_ENV}")
+        elif kind in host_kinds and physical is not None:
+            limits[kind] = MemoryLimit(label, physical, f"the machine's physical memory; {MAX_PLANNED_BYTES_ENV} "
+                                                        f"overrides it")
+        else:
+            limits[kind] = MemoryLimit(label, DEVICE_PLANNED_BYTES, f"the default for device memory; "
+                                                                    f"{MAX_PLANNED_BYTES_ENV} overrides it")
+    return limits
+
+
+def physical_memory() -> int | None:
+    """The machine's physical memory in bytes, or ``None`` where the system does not say."""
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * page_size if pages > 0 and page_size > 0 else None
+
+
+def _env_bytes(raw: str) -> int:
+    """``ENGINE_MAX_PLANNED_BYTES``'s value: ASCII digits, a positive size of at most 2**62 bytes."""
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19 and 0 < int(raw) <= _MAX_BYTES):
+        raise InputError(f"{MAX_PLANNED_BYTES_ENV}={raw!r}: expected a number of bytes, written in ASCII digits, "
+                         f"from 1 to 2**62")
+    return int(raw)
+
+
+def device_text(device: Device) -> str:
+    """A device for messages, always with its index (``"cpu:0"``), as ``BackendBase.allocate`` writes it."""
+    return f"{device.kind}:{device.index}"
+
+
+def key_text(env: Mapping[str, int]) -> str:
+    """A key for messages: ``"batch=8, seq=128"`` (``"the static shapes"`` without symbols)."""
+    return ", ".join(f"{name}={value}" for name, value in env.items()) or "the static shapes"
 
 
 def template_key(key: tuple[int, ...], *, other: bool = False) -> tuple[int, ...]:
@@ -229,11 +306,13 @@ class GraphPlanner:
     """A graph's key-independent memory facts, and ``plan(key)`` for any key (thread-safe)."""
 
     def __init__(self, contents: BundleContents, alignment: Mapping[str, int],
-                 segment_bytes: Mapping[str, int] | None = None):
+                 segment_bytes: Mapping[str, int] | None = None, limits: Mapping[str, MemoryLimit] | None = None):
         meta, ex, an = contents.meta, contents.execution, contents.analysis
         #: Per kind with an allocation cap (``Backend.max_allocation``): no block may cross a
         #: multiple of it, so that the workspace can be allocated one segment at a time.
         self.segment_bytes = dict(segment_bytes or {})
+        #: Per kind, the most its workspace and outputs may need at one key (``memory_limits``).
+        self.limits = dict(limits or {})
         self.symbols = meta.symbols
         n = len(ex.tensor_signatures)
 
@@ -411,7 +490,14 @@ class GraphPlanner:
         """Evaluate every distinct expression once: env, the value of each expression (int64), the
         distinct tensor sizes, and the size vector that blocks index (``_KindBlocks.size_src``)."""
         env = dict(zip(self.symbols, key))
-        array = self.batch.evaluate_array(key)
+        for name, value in env.items():
+            if not 0 <= value <= _MAX_BYTES:  # a shape no memory holds: refused before any arithmetic
+                raise InputError(f"symbol {name!r} = {value if value < 10**30 else 'a huge value'} is out of "
+                                 f"range: symbol values must lie in [0, 2**62]")
+        try:
+            array = self.batch.evaluate_array(key)
+        except ExprError as exc:  # an expression of the bundle overflows at this key: the key is at fault
+            raise InputError(f"at {env}: {exc}") from None
         if _native is not None:
             vector = np.empty(len(self.size_items) + len(self.kernel_ws), np.int64)
             if _native.key_sizes(array, self.size_dims_flat, self.size_dims.shape[1], self.size_items,
@@ -569,6 +655,9 @@ class GraphPlanner:
         vals = values.tolist()
         shapes = [get(vals) for get in self.shape_getters]
         nbytes = self.pick_sizes(sizes.tolist())
+        output_slots = tuple(OutputSlot(kind, max(nbytes[t] for t in tensors)) for kind, tensors in self.output_slots)
+        if self.limits:
+            self._check_limits(env, workspace_bytes, output_slots)
         symbol_values = [tuple([key[i] for i in pos]) for pos in self.sym_lists]
         return KeyPlan(
             key=key,
@@ -577,8 +666,7 @@ class GraphPlanner:
             nbytes=nbytes,
             layout=self.layout,
             tensor_offsets=_frozen_array(tensor_offsets),
-            output_slots=tuple(OutputSlot(kind, max(nbytes[t] for t in tensors))
-                               for kind, tensors in self.output_slots),
+            output_slots=output_slots,
             outputs=self.outputs,
             scratch_offsets=_frozen_array(scratch_offsets),
             scratch_nbytes=_frozen_array(scratch_nbytes),
@@ -589,6 +677,21 @@ class GraphPlanner:
             planned_by=planned_by,
             segment_bytes={k: v for k, v in self.segment_bytes.items() if workspace_bytes.get(k, 0) > v},
         )
+
+    def _check_limits(self, env: Mapping[str, int], workspace_bytes: Mapping[str, int],
+                      output_slots: Sequence[OutputSlot]) -> None:
+        """Refuse a key whose workspace and outputs on one device exceed its ``MemoryLimit``, before
+        anything is allocated for it."""
+        for kind, limit in self.limits.items():
+            workspace = workspace_bytes.get(kind, 0)
+            outputs = [slot.nbytes for slot in output_slots if slot.kind == kind]
+            total = workspace + sum(outputs)
+            if total > limit.nbytes:
+                buffers = f"{len(outputs)} output buffer{'' if len(outputs) == 1 else 's'}"
+                purpose = (f"the plan at {key_text(env)} (its {kind} workspace {format_size(workspace)} + {buffers} "
+                           f"{format_size(sum(outputs))})")
+                raise OutOfMemoryError(total, limit.device, f"over the planned-memory limit of "
+                                       f"{format_size(limit.nbytes)} ({limit.nbytes} bytes, {limit.source})", purpose)
 
 
 def _good_enough(bound: int) -> int:

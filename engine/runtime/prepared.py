@@ -4,24 +4,46 @@ Preparing resolves each tensor's address once (weights and workspace offsets are
 each kernel's arguments through ``Kernel.prepare`` and fuses runs of launches on backends that can
 run them in one native call. A run then only patches the graph inputs' and the fresh outputs'
 addresses into the argument arrays that mention them, and makes the calls.
+
+A fresh output that cannot be allocated is an ``OutOfMemoryError`` naming the output and the key
+(``output_purpose``); the ``try`` around the allocations costs nothing when they succeed.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from engine.backend import BackendBase, LaunchDims
-from engine.errors import KernelError
+from engine.errors import KernelError, OutOfMemoryError
 from engine.expr import ExprError
 from engine.runtime.context import RunContext
-from engine.runtime.plan import INPUT, OUTPUT
+from engine.runtime.plan import INPUT, OUTPUT, KeyPlan, device_text, key_text
 from engine.runtime.tasks import CompiledTask, CopyLaunch
+from engine.runtime.workspace import close_all
 from engine.storage import Storage
 from engine.tensor import Tensor, tensor_from_numpy
 
-__all__ = ["PreparedRun", "OutputWrapper", "resolve_static_pointers", "prepare_instruction", "launch_dims"]
+if TYPE_CHECKING:
+    from engine.bundle.contents import BundleContents
+
+__all__ = ["PreparedRun", "OutputWrapper", "resolve_static_pointers", "prepare_instruction", "launch_dims",
+           "output_purpose", "input_text"]
+
+
+def input_text(names: Sequence[str], i: int) -> str:
+    """Graph input ``i`` in messages: ``"input 0 ('x')"`` (``"input 0"`` when the bundle names none)."""
+    return f"input {i} ({names[i]!r})" if names else f"input {i}"
+
+
+def output_purpose(contents: "BundleContents", plan: KeyPlan, slot: int) -> str:
+    """What output buffer ``slot`` is for, in messages: ``"output 0 ('probs') at batch=8"`` (every
+    graph output it holds, named where the bundle names its outputs)."""
+    names = contents.meta.output_names
+    held = [k for k, (what, ref) in enumerate(plan.outputs) if what != "input" and ref == slot]
+    listed = ", ".join(f"{k} ({names[k]!r})" if names else str(k) for k in held)
+    return f"output{'s' if len(held) > 1 else ''} {listed} at {key_text(plan.env)}"
 
 
 def resolve_static_pointers(ctx: RunContext, weights: Sequence[Tensor]) -> list[Any]:
@@ -97,7 +119,7 @@ class PreparedRun:
     """One key, one thread: bound launches plus the patch lists for inputs and outputs."""
 
     __slots__ = ("plan", "calls", "launch_of_call", "input_patches", "slot_patches", "slot_alloc", "wrap_outputs",
-                 "_keep")
+                 "_contents", "_devices", "_keep")
 
     def __init__(self, ctx: RunContext, tasks: Sequence[CompiledTask], choices: Sequence[int],
                  weights: Sequence[Tensor]):
@@ -147,6 +169,8 @@ class PreparedRun:
         self.slot_alloc = tuple(backends[s.kind].prepare_allocation(s.nbytes, index[s.kind], ctx.streams.get(s.kind))
                                 for s in plan.output_slots)
         self.wrap_outputs = OutputWrapper(ctx).wrap
+        self._contents = ctx.contents
+        self._devices = ctx.devices.devices
         self._keep = keep
 
     def run(self, input_ptrs: Sequence[Any], inputs: Sequence[Any],
@@ -156,7 +180,12 @@ class PreparedRun:
             for set_tensor, a in patches:
                 set_tensor(a, ptr)
         if out_storages is None:
-            out_storages = [allocate() for allocate in self.slot_alloc]
+            out_storages = []  # a loop, not a comprehension: as fast, and the failing slot is known
+            try:
+                for allocate in self.slot_alloc:
+                    out_storages.append(allocate())
+            except MemoryError as exc:
+                raise self._out_of_memory(exc, out_storages) from exc
         for patches, storage in zip(self.slot_patches, out_storages):
             ptr = storage.ptr
             for set_tensor, a in patches:
@@ -166,6 +195,14 @@ class PreparedRun:
             if code:
                 self._fail(call, code)
         return self.wrap_outputs(input_ptrs, inputs, out_storages)
+
+    def _out_of_memory(self, exc: MemoryError, made: list[Storage]) -> OutOfMemoryError:
+        """The error for output slot ``len(made)`` failing to allocate (those before it are released)."""
+        slot = len(made)
+        close_all(made)
+        spec = self.plan.output_slots[slot]
+        return OutOfMemoryError.from_error(exc, spec.nbytes, device_text(self._devices[spec.kind]),
+                                           output_purpose(self._contents, self.plan, slot))
 
     def patch(self, input_ptrs: Sequence[Any], out_storages: Sequence[Storage]) -> None:
         """Point every launch at these inputs and outputs (a captured graph does it once)."""

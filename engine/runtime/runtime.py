@@ -16,20 +16,22 @@ attributes. Nothing here is process-global (DESIGN §6).
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
 import attrs
 
 from engine.device import Device
-from engine.errors import DeviceUnavailableError, InputError, PluginError
+from engine.errors import DeviceUnavailableError, InputError, OutOfMemoryError, PluginError
 from engine.plugins import Registry
 from engine.runtime.binding import InputBinder
 from engine.runtime.context import DeviceSet, RunContext
-from engine.runtime.plan import GraphPlanner, KeyPlan
+from engine.runtime.plan import GraphPlanner, KeyPlan, MemoryLimit, device_text, key_text, memory_limits
+from engine.runtime.prepared import output_purpose
 from engine.runtime.tasks import CompiledTask, load_tasks
 from engine.runtime.weights import place_weights
-from engine.runtime.workspace import Workspace
+from engine.runtime.workspace import Workspace, close_all
 from engine.storage import Storage
 from engine.tensor import Tensor, order_after
 
@@ -159,7 +161,7 @@ class GraphRuntime:
                     if planner is None:
                         backends = self.devices.backends
                         planner = GraphPlanner(self.contents, {k: b.alignment for k, b in backends.items()},
-                                               self._segment_sizes())
+                                               self._segment_sizes(), self._memory_limits())
                         self._planner = planner
             plan = planner.plan(key)
             with self._lock:
@@ -180,6 +182,12 @@ class GraphRuntime:
                                   f"({backend.alignment} bytes)")
             sizes[kind] = segment
         return sizes
+
+    def _memory_limits(self) -> dict[str, MemoryLimit]:
+        """Per kind, the most memory a key's plan may need (``plan.memory_limits``; read when the
+        first key is planned, so that loading stays cheap)."""
+        host_kinds = {k for k, b in self.devices.backends.items() if b.host_accessible}
+        return memory_limits(self.devices.devices, host_kinds, os.environ)
 
     def plan_for(self, inputs: Sequence[Any]) -> KeyPlan:
         """The plan at the key these inputs give (validated as a run validates them)."""
@@ -242,17 +250,22 @@ class GraphRuntime:
 
     def ensure_workspaces(self, lane: Lane, plan: KeyPlan) -> None:
         """Grow the lane's workspaces to what ``plan`` needs (prepared runs pointing into the old
-        ones are dropped; the old memory is released after the work queued on the lane's stream)."""
+        ones are dropped; the old memory is released after the work queued on the lane's stream).
+
+        When the new workspace cannot be allocated (``OutOfMemoryError``) the old one stays the
+        lane's, so that smaller keys still run.
+        """
         devices = self.devices
         for kind, size in plan.workspace_bytes.items():
             current = lane.workspaces.get(kind)
             if current is None or current.nbytes < size:
-                lane.runs.clear()
                 stream = lane.streams.get(kind)
+                grown = Workspace(devices.backends[kind], devices.index[kind], size, stream,
+                                  plan.segment_bytes.get(kind), purpose=f"the {kind} workspace at {key_text(plan.env)}")
+                lane.runs.clear()
                 if current is not None:
                     current.release_after(stream)
-                lane.workspaces[kind] = Workspace(devices.backends[kind], devices.index[kind], size, stream,
-                                                  plan.segment_bytes.get(kind))
+                lane.workspaces[kind] = grown
 
     def context(self, plan: KeyPlan, lane: Lane) -> RunContext:
         return RunContext(self.contents, plan, self.devices, lane.streams, lane.workspaces)
@@ -260,8 +273,16 @@ class GraphRuntime:
     def output_storages(self, plan: KeyPlan, lane: Lane) -> list[Storage]:
         """Fresh output buffers of ``plan`` for work on the lane's streams (slow paths)."""
         devices = self.devices
-        return [devices.backends[s.kind].allocate(s.nbytes, devices.index[s.kind], lane.streams.get(s.kind))
-                for s in plan.output_slots]
+        storages = []
+        for slot, s in enumerate(plan.output_slots):
+            try:
+                storages.append(devices.backends[s.kind].allocate(s.nbytes, devices.index[s.kind],
+                                                                  lane.streams.get(s.kind)))
+            except MemoryError as exc:
+                close_all(storages)
+                raise OutOfMemoryError.from_error(exc, s.nbytes, device_text(devices.devices[s.kind]),
+                                                  output_purpose(self.contents, plan, slot)) from exc
+        return storages
 
     def counters(self) -> list[RunCounters]:
         with self._lock:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from engine.backend import BackendBase
+from engine.errors import OutOfMemoryError
 from engine.runtime.context import RunContext
 from engine.runtime.tasks import CompiledTask
 from engine.storage import Storage
@@ -154,7 +155,12 @@ def timing_operands(ctx: RunContext, task: CompiledTask, pos: int,
     n_in = len(ins.inputs)
     for out_arg, in_arg in task.meta.share_map.items():
         nbytes = ctx.plan.nbytes[ins.inputs[in_arg]]
-        clone = backend.allocate(nbytes, task.device_index, stream)
+        try:
+            clone = backend.allocate(nbytes, task.device_index, stream)
+        except MemoryError as exc:
+            raise OutOfMemoryError.from_error(exc, nbytes, f"{backend.kind}:{task.device_index}",
+                                              f"a copy of input {in_arg} of instruction {pos} to time it "
+                                              f"at {dict(ctx.plan.env)}") from None
         clones.append(clone)
         if nbytes:
             backend.copy_device(clone.ptr, ptrs[in_arg], nbytes, stream)

@@ -6,15 +6,20 @@ one buffer (a quarter of the device's memory is common). For those the planner k
 inside one segment of ``Backend.max_allocation()`` bytes (``memory.segment_offsets``) and the
 workspace is one allocation per segment; ``ptr_at(offset)`` maps a planned offset to the pointer
 in its segment.
+
+A workspace that cannot be allocated is an ``OutOfMemoryError`` saying which workspace (the
+caller's ``purpose``) and, when segmented, which segment.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from engine.backend import BackendBase
+from engine.errors import OutOfMemoryError
+from engine.storage import Storage
 
-__all__ = ["Workspace"]
+__all__ = ["Workspace", "close_all"]
 
 
 class Workspace:
@@ -23,15 +28,22 @@ class Workspace:
     __slots__ = ("nbytes", "segment_bytes", "storages", "base")
 
     def __init__(self, backend: BackendBase, device_index: int, nbytes: int, stream: Any,
-                 segment_bytes: int | None = None):
+                 segment_bytes: int | None = None, *, purpose: str = "a workspace"):
         self.nbytes = nbytes
         if segment_bytes is None or nbytes <= segment_bytes:
             self.segment_bytes = None
-            self.storages = (backend.allocate(nbytes, device_index, stream),)
+            sizes = [nbytes]
         else:
             self.segment_bytes = segment_bytes
             sizes = [min(segment_bytes, nbytes - start) for start in range(0, nbytes, segment_bytes)]
-            self.storages = tuple(backend.allocate(size, device_index, stream) for size in sizes)
+        storages = []
+        for size in sizes:
+            try:
+                storages.append(backend.allocate(size, device_index, stream))
+            except MemoryError as exc:
+                close_all(storages)  # the traceback keeps this frame: do not let it keep the memory
+                raise _failure(exc, backend, device_index, nbytes, sizes, len(storages), purpose) from exc
+        self.storages = tuple(storages)
         #: The pointer of the first segment (the only one on most devices).
         self.base = self.storages[0].ptr
 
@@ -53,3 +65,19 @@ class Workspace:
 
     def __repr__(self) -> str:
         return f"<Workspace {self.nbytes} bytes in {len(self.storages)} allocation(s)>"
+
+
+def close_all(storages: Iterable[Storage | None]) -> None:
+    """Release the allocations a failed attempt made so far (an exception's traceback would keep
+    them alive for as long as the exception lives)."""
+    for storage in storages:
+        if storage is not None:
+            storage.close()
+
+
+def _failure(exc: MemoryError, backend: BackendBase, device_index: int, nbytes: int, sizes: list[int],
+             failed: int, purpose: str) -> OutOfMemoryError:
+    """The ``OutOfMemoryError`` for segment ``failed`` of a workspace of ``nbytes`` in ``sizes``."""
+    if len(sizes) > 1:
+        purpose = f"{purpose} (segment {failed + 1} of {len(sizes)}, {nbytes} bytes in all)"
+    return OutOfMemoryError.from_error(exc, sizes[failed], f"{backend.kind}:{device_index}", purpose)

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from engine.device import Device
+from engine.errors import OutOfMemoryError
 from engine.hostptr import array_address
 from engine.storage import Storage
 
@@ -45,11 +46,19 @@ class HostAllocator:
                        owner=raw)
 
     def factory(self, nbytes: int) -> Callable[[], Storage]:
-        """``allocate`` with its size bound, for the per-run output allocations of the fast path."""
+        """``allocate`` with its size bound, for the per-run output allocations of the fast path.
+
+        Not behind ``BackendBase.allocate``, so it raises ``OutOfMemoryError`` itself (the core adds
+        which output it was for); the ``try`` costs nothing when the allocation succeeds.
+        """
         alignment, device, empty, uint8 = self.alignment, self.device, np.empty, np.uint8
+        where = f"{device.kind}:{device.index}"
 
         def allocate() -> Storage:
-            raw = empty(nbytes + alignment, uint8)
+            try:
+                raw = empty(nbytes + alignment, uint8)
+            except MemoryError as exc:
+                raise OutOfMemoryError.from_error(exc, nbytes, where) from exc
             base = array_address(raw)
             offset = (-base) % alignment
             return Storage(device, base + offset, nbytes, host_view=memoryview(raw)[offset:offset + nbytes],

@@ -107,7 +107,8 @@ class CpuBackend(BackendBase):
 
     def prepare_allocation(self, nbytes: int, device_index: int = 0,
                            stream: Stream = None) -> Callable[[], Storage]:
-        """A factory that allocates straight from numpy, without ``allocate``'s checks per call."""
+        """A factory that allocates straight from numpy, without ``allocate``'s checks per call (it
+        raises ``OutOfMemoryError`` itself, as ``allocate`` would)."""
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
             raise ValueError(f"allocation size must be a non-negative int, got {nbytes!r}")
         self._check_index(device_index)

@@ -130,7 +130,7 @@ class CCompiler:
             data = self.cache.get_or_build(key, lambda: self._run(source, flags))
         except OSError as exc:
             raise KernelError(f"cannot write the CPU build cache {self.build_dir}: {exc}; "
-                              "set ENGINE_CACHE_DIR to a writable directory") from exc
+                              "free space there or set ENGINE_CACHE_DIR to a writable directory") from exc
         return key, data
 
     def _run(self, source: str, flags: Sequence[str]) -> bytes:

@@ -138,7 +138,7 @@ class ProgramLoader:
                 path = self.store.publish(data, sha)  # missing, truncated or tampered: (re)written
             except OSError as exc:
                 raise KernelError(f"{where}: cannot write {self.store.path_for(sha)}: {exc}; "
-                                  "set ENGINE_CACHE_DIR to a writable directory") from exc
+                                  "free space there or set ENGINE_CACHE_DIR to a writable directory") from exc
             try:
                 handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
             except OSError as exc:

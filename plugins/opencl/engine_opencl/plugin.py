@@ -28,7 +28,7 @@ def _positive(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name, "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19) or int(raw) < 1:
         raise ValueError(f"{name}={raw!r}: expected a positive integer number of bytes")
     return int(raw)
 
