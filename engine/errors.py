@@ -48,9 +48,10 @@ class BundleError(EngineError, ValueError):
     def __init__(self, message: str, *, member: str | None = None, path: str | None = None):
         where = ""
         if member is not None:
-            where = f"{member}: "
+            shown = member or "''"  # an empty name must still read as one
+            where = f"{shown}: "
             if path:
-                where = f"{member} @ {path}: "
+                where = f"{shown} @ {path}: "
         elif path:
             where = f"@ {path}: "
         super().__init__(_one_line(where + message))
@@ -63,7 +64,14 @@ class InputError(EngineError, ValueError):
 
 
 class KernelError(EngineError, RuntimeError):
-    """A kernel could not be loaded, compiled or launched, or returned a failure code."""
+    """A kernel could not be loaded, compiled or launched, or returned a failure code.
+
+    The message is one line: binary formats, entry names and compiler output come from bundles, so
+    their line breaks are escaped (a compiler's full output belongs in an attribute, not the message).
+    """
+
+    def __init__(self, message: str, *args: object):
+        super().__init__(_one_line(str(message)), *args)
 
 
 class PluginError(EngineError, RuntimeError):

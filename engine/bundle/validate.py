@@ -136,7 +136,7 @@ def analyze_graph(meta: GraphMetaData, ex: GraphExecution, kernels: Sequence[Ker
         if kernel.builtin == "copy":
             if len(kernel.inputs) != 1 or len(kernel.outputs) != 1 or not _same(kernel.inputs[0], kernel.outputs[0]):
                 raise BundleError("builtin 'copy' takes one input and one output of the same dtype and shape",
-                                  member=member)
+                                  member=member, path="$.inputs" if len(kernel.inputs) != 1 else "$.outputs")
 
     freed: set[int] = set()
     for pos, ins in enumerate(ex.instructions):
@@ -228,7 +228,8 @@ def analyze_graph(meta: GraphMetaData, ex: GraphExecution, kernels: Sequence[Ker
 
     if weights is not None:
         if len(weights) != n_w:
-            raise BundleError(f"{len(weights)} weight entries for {n_w} weights in weights_index", member="weights.json")
+            raise BundleError(f"{len(weights)} weight entries for {n_w} weights in weights_index",
+                              member="weights.json", path="$")
         for j, (entry, t) in enumerate(zip(weights, ex.weights_index)):
             sig = ex.tensor_signatures[t]
             shape = tuple(e.constant for e in sig.shape)

@@ -50,6 +50,13 @@ class CompilerError(KernelError):
         self.command = tuple(command)
 
 
+def _first_error(log: str) -> str:
+    """The compiler's first error lines (or its first line): a one-line summary for the message."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return " | ".join((errors or lines or ["no output"])[:3])[:600]
+
+
 def uses_openmp(source: str) -> bool:
     """Whether a C source uses OpenMP (so a bundle's c-source is built with ``-fopenmp``)."""
     return _OMP_PATTERN.search(source) is not None
@@ -152,6 +159,6 @@ class CCompiler:
             log = (proc.stderr + proc.stdout).strip()
             if proc.returncode != 0:
                 raise CompilerError(
-                    f"C compilation failed (exit code {proc.returncode}): {shlex.join(cmd)}\n{log}",
-                    log=log, command=cmd)
+                    f"C compilation failed (exit code {proc.returncode}): {_first_error(log)} "
+                    f"(the compiler's whole output is in .log; command: {shlex.join(cmd)})", log=log, command=cmd)
             return Path(tmp, _OUTPUT_NAME).read_bytes()
