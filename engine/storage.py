@@ -15,11 +15,11 @@ last reference goes, never from ``__del__``.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from engine.device import Device
 
-__all__ = ["Storage", "ExternalStorage"]
+__all__ = ["Storage", "ExternalStorage", "close_all"]
 
 
 def _release(release: Callable[[Any], None], cell: list[Any]) -> None:
@@ -113,3 +113,11 @@ class ExternalStorage(Storage):
     def __init__(self, device: Device, ptr: Any, nbytes: int, *, owner: object,
                  host_view: memoryview | None = None, stream: Any = None):
         super().__init__(device, ptr, nbytes, host_view=host_view, owner=owner, stream=stream)
+
+
+def close_all(storages: Iterable[Storage | None]) -> None:
+    """Release the allocations a failed attempt made so far (an exception's traceback would keep
+    them alive for as long as the exception lives)."""
+    for storage in storages:
+        if storage is not None:
+            storage.close()

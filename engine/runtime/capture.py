@@ -18,8 +18,8 @@ from engine.runtime.context import RunContext
 from engine.runtime.plan import KeyPlan, key_text
 from engine.runtime.prepared import OutputWrapper, PreparedRun, input_text, output_purpose
 from engine.runtime.runtime import GraphRuntime
-from engine.runtime.workspace import Workspace, close_all
-from engine.storage import Storage
+from engine.runtime.workspace import Workspace
+from engine.storage import Storage, close_all
 from engine.tensor import Tensor
 
 if TYPE_CHECKING:

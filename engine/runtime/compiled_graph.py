@@ -38,8 +38,7 @@ from engine.runtime.trace import TraceRecorder, write_trace
 from engine.runtime.tuning import CandidateTiming, TuningOptions, TuningStats
 from engine.runtime.tasks import CompiledTask
 from engine.runtime.weights import check_weights
-from engine.runtime.workspace import close_all
-from engine.storage import ExternalStorage, Storage
+from engine.storage import ExternalStorage, Storage, close_all
 from engine.tensor import Tensor, from_dlpack, tensor_from_numpy
 
 if TYPE_CHECKING:
@@ -68,7 +67,6 @@ class CompiledGraph:
         self._tasks = self._runtime.tasks
         self._dispatcher = Dispatcher(contents, [len(t.candidates) for t in self._tasks], registry.settings, tag,
                                       dispatch_policy, self._runtime.invalidate)
-        self._dispatch = self._dispatcher.table
         #: The Chrome trace the latest ``tune()`` wrote (``None`` until one tuned a key).
         self.last_tune_trace: Path | None = None
         self._lock = threading.RLock()
@@ -104,7 +102,7 @@ class CompiledGraph:
 
     @property
     def dispatch_table(self) -> DispatchTable:
-        return self._dispatch
+        return self._dispatcher.table
 
     @property
     def graph_string(self) -> str:
@@ -267,7 +265,7 @@ class CompiledGraph:
         """Counts over every thread that ever ran this graph."""
         counters = self._runtime.counters()
         return RunStats(sum(c.fast_runs for c in counters), sum(c.slow_runs for c in counters),
-                        sum(c.prepared for c in counters), len(self._dispatch))
+                        sum(c.prepared for c in counters), len(self._dispatcher.table))
 
     def tune(self, progress: Callable[[int, int, dict[str, int]], None] | None = None,
              **symbols: int | Iterable[int]) -> dict[tuple[int, ...], tuple[int, ...]]:
@@ -299,9 +297,9 @@ class CompiledGraph:
         last_flush = time.perf_counter()
         try:
             for done, key in enumerate(grid, start=1):
-                if key not in self._dispatch and self._dispatch.needs_tuning:
+                if key not in self._dispatcher.table and self._dispatcher.table.needs_tuning:
                     with dispatcher.tuning_lock:
-                        if self._dispatch.get(key) is None:
+                        if self._dispatcher.table.get(key) is None:
                             plan = runtime.key_plan(key)
                             runtime.ensure_workspaces(lane, plan)
                             inputs = self._zero_inputs(plan, lane)
@@ -319,7 +317,7 @@ class CompiledGraph:
             dispatcher.write_session_trace(batch)
             if batch.trace_path is not None:
                 self.last_tune_trace = batch.trace_path
-        return {key: self._dispatch.get(key) or self._dispatch.trivial_choice() for key in grid}
+        return {key: self._dispatcher.table.get(key) or self._dispatcher.table.trivial_choice() for key in grid}
 
     def _zero_inputs(self, plan: KeyPlan, lane: Lane) -> list[Tensor]:
         devices = self._runtime.devices
@@ -466,7 +464,7 @@ class CompiledGraph:
             entries = tuple(weights_layout([(f"w{j}", a) for j, a in enumerate(c.npz_weights)])[0])
         return bundle_members(meta=c.meta, execution=c.execution, kernels=c.kernels, binaries=binaries,
                               weights=weights, weight_entries=entries,
-                              dispatch_rows=self._dispatch.rows() if save_dispatch_table else None,
+                              dispatch_rows=self._dispatcher.table.rows() if save_dispatch_table else None,
                               graph_string=c.graph_string)
 
     def save(self, path: str | Path, *, save_dispatch_table: bool = False, save_weights: bool = True,

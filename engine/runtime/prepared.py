@@ -21,8 +21,7 @@ from engine.expr import ExprError
 from engine.runtime.context import RunContext
 from engine.runtime.plan import INPUT, OUTPUT, KeyPlan, device_text, key_text
 from engine.runtime.tasks import CompiledTask, CopyLaunch
-from engine.runtime.workspace import close_all
-from engine.storage import Storage
+from engine.storage import Storage, close_all
 from engine.tensor import Tensor, tensor_from_numpy
 
 if TYPE_CHECKING:

@@ -31,8 +31,8 @@ from engine.runtime.plan import GraphPlanner, KeyPlan, MemoryLimit, device_text,
 from engine.runtime.prepared import output_purpose
 from engine.runtime.tasks import CompiledTask, load_tasks
 from engine.runtime.weights import place_weights
-from engine.runtime.workspace import Workspace, close_all
-from engine.storage import Storage
+from engine.runtime.workspace import Workspace
+from engine.storage import Storage, close_all
 from engine.tensor import Tensor, order_after
 
 if TYPE_CHECKING:

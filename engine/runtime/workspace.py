@@ -13,13 +13,13 @@ caller's ``purpose``) and, when segmented, which segment.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 from engine.backend import BackendBase
 from engine.errors import OutOfMemoryError
-from engine.storage import Storage
+from engine.storage import close_all
 
-__all__ = ["Workspace", "close_all"]
+__all__ = ["Workspace"]
 
 
 class Workspace:
@@ -65,14 +65,6 @@ class Workspace:
 
     def __repr__(self) -> str:
         return f"<Workspace {self.nbytes} bytes in {len(self.storages)} allocation(s)>"
-
-
-def close_all(storages: Iterable[Storage | None]) -> None:
-    """Release the allocations a failed attempt made so far (an exception's traceback would keep
-    them alive for as long as the exception lives)."""
-    for storage in storages:
-        if storage is not None:
-            storage.close()
 
 
 def _failure(exc: MemoryError, backend: BackendBase, device_index: int, nbytes: int, sizes: list[int],

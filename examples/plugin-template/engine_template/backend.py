@@ -24,7 +24,6 @@ from engine.storage import Storage
 from engine_template import memory
 from engine_template.kernel import TemplateKernel
 from engine_template.program import FORMATS, Programs, host_target
-from engine_template.reference import reference_kernels
 
 __all__ = ["TemplateBackend"]
 
@@ -88,5 +87,11 @@ class TemplateBackend(BackendBase):
         return (BinaryPayload("elf-so", host_target(), "kernel.so", self.programs.compile_c(source)),)
 
     def reference_kernels(self) -> Mapping[str, ReferenceKernel]:
-        """The engine's reference kernels in this device's language (run by the conformance suite)."""
-        return reference_kernels()
+        """The engine's reference kernels in this device's language (run by the conformance suite).
+
+        This device runs the CPU kernel ABI, so the core's C versions serve; a device with its own
+        language writes its own (see ``plugins/opencl/engine_opencl/reference.py``). The template
+        links ``-lm`` into every kernel and takes no compile options."""
+        from engine.testing.c_abi import c_reference_kernels
+
+        return c_reference_kernels(link_math=False)

@@ -36,7 +36,6 @@ from engine_cpu.fused import RUNNER_ENTRY, RUNNER_SOURCE, CpuFusedLaunch, bind_r
 from engine_cpu.host import cpu_description, host_target
 from engine_cpu.kernel import CpuKernel, CpuPreparedLaunch
 from engine_cpu.program import FORMATS, ProgramLoader
-from engine_cpu.reference import reference_kernels
 
 __all__ = ["CpuBackend", "NUM_THREADS_ENV"]
 
@@ -137,8 +136,10 @@ class CpuBackend(BackendBase):
         return self.loader.load(spec, binary)
 
     def reference_kernels(self) -> Mapping[str, ReferenceKernel]:
-        """The reference kernels in C (``engine_cpu.reference``)."""
-        return reference_kernels()
+        """The reference kernels in C for this ABI (``engine.testing.c_abi``)."""
+        from engine.testing.c_abi import c_reference_kernels
+
+        return c_reference_kernels()
 
     # -- compiler ------------------------------------------------------------------------------
     def compile(self, source: str, language: str = "c",

@@ -1,9 +1,10 @@
-"""The reference kernels (names and semantics documented in ``engine.testing``) in C for the CPU ABI.
+"""The reference kernels (names and semantics: ``engine.testing.REFERENCE_KERNELS``) in C, for
+devices that run the CPU kernel ABI (bundle format §12.1): the CPU plugin, the plugin template,
+and any third-party device built on the same ABI.
 
-The conformance suite runs these on the CPU and ``engine demo`` builds its model from the
-``mlp_*`` ones. The MLP sources are the demo's own (``engine.demo.mlp``), so the demo model and
-the reference kernels cannot drift apart; they use the macros ``K``/``N`` the caller defines.
-CPU kernels have no launch geometry, so every ``launch`` is ``None``.
+The MLP sources are the demo's own (``engine.demo.mlp``), so the demo model and the reference
+kernels cannot drift apart; they use the macros ``K``/``N`` the caller defines. The ABI has no
+launch geometry, so every ``launch`` is ``None``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Mapping
 
 from engine.backend import ReferenceKernel
 
-__all__ = ["ADD_SOURCE", "SCALE_WS_SOURCE", "BUSY_SOURCE", "FAIL_CODE_SOURCE", "reference_kernels"]
+__all__ = ["ADD_SOURCE", "SCALE_WS_SOURCE", "BUSY_SOURCE", "FAIL_CODE_SOURCE", "c_reference_kernels"]
 
 ADD_SOURCE = r"""
 #include <stdint.h>
@@ -58,8 +59,9 @@ int32_t ref_fail_code(void *const *t, const int64_t *sym, void *ws) { return 7; 
 """
 
 
-def reference_kernels() -> Mapping[str, ReferenceKernel]:
-    """Every reference kernel as C for the CPU ABI, by name."""
+def c_reference_kernels(*, link_math: bool = True) -> Mapping[str, ReferenceKernel]:
+    """Every reference kernel as C for the CPU ABI, by name. ``link_math=False`` leaves out the
+    ``-lm`` compile option of the softmax, for a compiler that takes no options and links it anyway."""
     from engine.demo.mlp import BIAS_SOURCE, MATMUL_SOURCE, SOFTMAX_SOURCE  # lazy: it imports the builder
 
     return {
@@ -70,5 +72,6 @@ def reference_kernels() -> Mapping[str, ReferenceKernel]:
         "mlp_matmul": ReferenceKernel(MATMUL_SOURCE, "c", ("mm_ijk", "mm_ikj")),
         "mlp_bias_relu": ReferenceKernel(BIAS_SOURCE, "c", ("bias_relu",)),
         "mlp_bias_add": ReferenceKernel(BIAS_SOURCE, "c", ("bias_add",)),
-        "mlp_softmax": ReferenceKernel(SOFTMAX_SOURCE, "c", ("softmax_rows",), options={"flags": ["-lm"]}),
+        "mlp_softmax": ReferenceKernel(SOFTMAX_SOURCE, "c", ("softmax_rows",),
+                                       options={"flags": ["-lm"]} if link_math else None),
     }
