@@ -45,16 +45,19 @@ def isolated_cache(prefix: str = "engine-bench-") -> Path:
     return path
 
 
-def make_registry(cache_dir: Path, backend: Any = None):
-    """A registry on ``cache_dir``: the installed plugins, or only ``backend`` when one is given."""
+def make_registry(cache_dir: Path, backend: Any = None, *, native_run: bool | None = None):
+    """A registry on ``cache_dir``: the installed plugins, or only ``backend`` when one is given.
+
+    ``native_run=False`` turns the native run path off for it (``None``: ``ENGINE_NATIVE_RUN``)."""
     from engine.plugins import Registry
     from engine.settings import Settings
 
+    switch = {} if native_run is None else {"native_run": native_run}
     if backend is None:
-        registry = Registry(Settings(cache_dir=cache_dir))
+        registry = Registry(Settings(cache_dir=cache_dir, **switch))
         registry.load_entry_points()
         return registry
-    registry = Registry(Settings(cache_dir=cache_dir, autoload_plugins=False))
+    registry = Registry(Settings(cache_dir=cache_dir, autoload_plugins=False, **switch))
     registry.register_backend(backend, distribution="benchmarks")
     return registry
 

@@ -7,7 +7,9 @@ of work, so what is measured is the machinery around it:
 * ``engine``: ``graph.run_async([x])`` on the prepared fast path (the CPU plugin fuses the N
   launches into one native call);
 * ``engine, no fusion``: the same graph on a registry whose CPU backend's ``fuse`` returns None
-  (the core then calls the N prepared launches one by one from Python);
+  and without the native run path (``native_run=False``: the core then calls the N prepared
+  launches one by one from Python). The default row takes the native run path (issue 16), whose
+  own figures and floors are in ``native_run.py``;
 * floor ``py-ctypes``: a Python loop of N ctypes calls into the same kernel function (the same
   loaded ``.so``), with prebuilt argument arrays over N+1 distinct buffers (no call writes its input);
 * floor ``C loop``: one ctypes call into a C function that calls the kernel N times through a
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
             return None
 
     registry = C.make_registry(cache)
-    nofuse_registry = C.make_registry(cache, NoFusionCpuBackend(cache_dir=cache))
+    nofuse_registry = C.make_registry(cache, NoFusionCpuBackend(cache_dir=cache), native_run=False)
     cpu = registry.backend("cpu")
 
     cases = {}

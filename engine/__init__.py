@@ -10,7 +10,7 @@ Load a bundle and run it::
 Bundles contain native code: loading one runs it. Only load bundles you trust.
 """
 
-from engine.errors import (BundleError, DeviceUnavailableError, EngineError, InputError, KernelError,
+from engine.errors import (BundleError, BundleFileError, BundleNotFoundError, DeviceUnavailableError, EngineError, InputError, KernelError,
                            OutOfMemoryError, PluginError, SaveError, Unsupported)
 from engine.hookspecs import hookimpl
 from engine.device import Device
@@ -60,6 +60,8 @@ __all__ = [
     # errors
     "EngineError",
     "BundleError",
+    "BundleFileError",
+    "BundleNotFoundError",
     "InputError",
     "KernelError",
     "PluginError",

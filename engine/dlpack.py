@@ -159,7 +159,8 @@ _capsule_set_name = _py(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(("PyCap
 # whose base keeps ``owner`` alive, lets numpy export it, then rewrites the fields numpy cannot
 # express (engine dtype, device, version, flags). The struct is released by numpy's deleter, which
 # reads none of those fields. As a bonus nothing in this module keeps per-export state.
-_CARRIERS = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+_CARRIERS: dict[int, np.dtype] = {
+    1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 
 
 class _Exported:

@@ -8,6 +8,7 @@ speaks DType objects, never strings.
 from __future__ import annotations
 
 import importlib
+from typing import Any, Union
 
 import attrs
 import numpy as np
@@ -18,6 +19,7 @@ __all__ = [
     "DType",
     "DTYPES",
     "dtype",
+    "DTypeLike",
     "from_numpy_dtype",
     "from_dlpack_code",
     "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -89,7 +91,12 @@ _BY_DLPACK: dict[tuple[int, int], DType] = {(d.dlpack_code, d.dlpack_bits): d fo
 _BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in DTYPES.values() if d.numpy_source.startswith("numpy:")}
 
 
-def dtype(value: DType | str | np.dtype | type) -> DType:
+#: What ``engine.dtype()`` (and ``dtype=`` of ``empty``/``asarray``) accepts: an engine DType, a name
+#: (``"float32"``), a numpy dtype or a scalar type (``np.float32``, ``ml_dtypes.bfloat16``).
+DTypeLike = Union[DType, str, "np.dtype[Any]", type]
+
+
+def dtype(value: DTypeLike) -> DType:
     """Resolve a DType from a DType, a name (``"float32"``) or anything numpy accepts as a dtype."""
     if isinstance(value, DType):
         return value

@@ -22,6 +22,8 @@ from __future__ import annotations
 __all__ = [
     "EngineError",
     "BundleError",
+    "BundleFileError",
+    "BundleNotFoundError",
     "InputError",
     "KernelError",
     "PluginError",
@@ -57,6 +59,27 @@ class BundleError(EngineError, ValueError):
         super().__init__(_one_line(where + message))
         self.member = member
         self.path = path
+
+
+class BundleFileError(BundleError, OSError):
+    """The bundle's file or directory cannot be read (missing, a permission, an I/O error).
+
+    Also an ``OSError`` carrying ``errno``, ``strerror`` and ``filename``, so code written for file
+    errors (``except OSError``) catches it; the message stays engine's one line.
+    """
+
+    def __init__(self, message: str, *, errno: int | None, strerror: str | None, filename: str):
+        BundleError.__init__(self, message)
+        self.errno = errno
+        self.strerror = strerror
+        self.filename = filename
+
+    def __str__(self) -> str:
+        return BaseException.__str__(self)  # the one-line message, not OSError's "[Errno N] ..."
+
+
+class BundleNotFoundError(BundleFileError, FileNotFoundError):
+    """No bundle at the given path (``except FileNotFoundError`` catches it)."""
 
 
 class InputError(EngineError, ValueError):

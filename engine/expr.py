@@ -29,7 +29,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import NoReturn
+from typing import NoReturn, cast
 
 import attrs
 import numpy as np
@@ -38,7 +38,7 @@ from engine.bundle.jsonread import clip, parse_decimal
 from engine.errors import BundleError
 
 try:  # the compiled tape (``_exprtape.c``); optional, the Python tape gives the same values and errors
-    from engine import _exprtape as _native_tape
+    from engine import _exprtape as _native_tape  # type: ignore[attr-defined]  # a C extension, no stub
 except ImportError:  # pragma: no cover - an install without a C compiler
     _native_tape = None
 
@@ -91,7 +91,7 @@ class _Node:
 
     def __init__(self, op: str, args: tuple[_Node, ...] = (), value: int | str | None = None):
         self.op, self.args, self.value = op, args, value
-        self.height = 1 + max((a.height for a in args), default=0)
+        self.height: int = 1 + max((a.height for a in args), default=0)
 
 
 def _level(node: _Node) -> int:
@@ -159,7 +159,7 @@ def _compile(node: _Node) -> Callable[[Env], int]:
     fa, fb = _compile(node.args[0]), _compile(node.args[1])
     fn, b = _BINARY[node.op], node.args[1]
     if b.op == "int" and b.value != 0:  # `x * 4`, `ceil_div(x, 128)`: skip a call, cannot divide by 0
-        c = b.value
+        c = cast(int, b.value)  # an "int" node's value
 
         def binary_const(env: Env) -> int:
             r = fn(fa(env), c)
@@ -382,7 +382,7 @@ def parse_expr(value: str | int, *, member: str | None = None, path: str | None 
         if node.op == "sym":
             symbols.add(node.value)  # type: ignore[arg-type]
         stack.extend(node.args)
-    constant = root.value if root.op == "int" else None
+    constant = cast(int, root.value) if root.op == "int" else None
     return Expr(source, frozenset(symbols), value=constant, run=_compile(root), root=root, member=member,
                 path=path)
 
@@ -493,9 +493,9 @@ class ExprBatch:
         if type(values) is not list and type(values) is not tuple:
             values = list(values)
         if self._codes is not None and len(self._tape) >= _NATIVE_MIN_STEPS:
-            result = self._run_native(values)
-            if result is not None:
-                return result.tolist()
+            native = self._run_native(values)
+            if native is not None:
+                return native.tolist()
         if {*map(type, values)} <= _INT_ONLY:
             result = self._run(values)
         else:

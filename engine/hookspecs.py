@@ -44,7 +44,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec
-def engine_backends(settings: "Settings") -> "list[BackendBase]":
+def engine_backends(settings: "Settings") -> "list[BackendBase]":  # type: ignore[empty-body]  # a spec
     """Return one Backend per device kind this plugin provides.
 
     ``settings`` is the registry's configuration (cache directory and the rest, read once from the

@@ -28,7 +28,7 @@ def _probe() -> int | None:
     """Offset of ``data`` in the array struct if it checks out on several arrays, else None."""
     offset = object.__basicsize__
     base = np.arange(64, dtype=np.float64)
-    probes = [base, base[7:], base[::2], np.empty(0, np.uint8), np.zeros((3, 5), np.int16).T]
+    probes: list[np.ndarray] = [base, base[7:], base[::2], np.empty(0, np.uint8), np.zeros((3, 5), np.int16).T]
     try:
         for probe in probes:
             if (_read_pointer(id(probe) + offset).value or 0) != _portable_address(probe):

@@ -19,10 +19,13 @@ from engine import hookspecs
 from engine.backend import API_CHANGES, API_VERSION, BackendBase
 from engine.device import KIND_PATTERN
 from engine.errors import DeviceUnavailableError, PluginError
+from engine.log import get_logger
 from engine.settings import Settings
 
 __all__ = ["DeviceInfo", "PluginFailure", "Registry", "default_registry", "devices", "KNOWN_DISTRIBUTIONS",
            "RESERVED_SLOTS"]
+
+log = get_logger("engine.plugins")
 
 #: Where to get the first-party kinds, for "install X" messages.
 KNOWN_DISTRIBUTIONS = {"cpu": "engine-cpu", "cuda": "engine-cuda", "hip": "engine-hip", "opencl": "engine-opencl"}
@@ -79,6 +82,9 @@ class Registry:
         self._lock = threading.RLock()
         self._autoload = self.settings.autoload_plugins if autoload is None else autoload
         self._loaded = not self._autoload
+        from engine.cache import configure  # the cache's size cap follows these settings
+
+        configure(self.settings.cache_dir, max_bytes=self.settings.cache_max_bytes)
 
     # -- registration --------------------------------------------------------------------------
     def register_plugin(self, plugin: object, *, name: str | None = None,
@@ -124,12 +130,16 @@ class Registry:
         if problem is not None:
             self._record(plugin, distribution, version, problem, kinds=kinds)
             return
-        self._backends[kind] = _Entry(backend, plugin, distribution, version)  # type: ignore[index]
+        self._backends[kind] = _Entry(backend, plugin, distribution, version)  # type: ignore[index, arg-type]
+        log.info("device kind %r provided by plugin %r (%s %s, plugin API %s)", kind, plugin,
+                 distribution or "no distribution", version or "", backend.api_version)  # type: ignore[attr-defined]
 
     def _record(self, plugin: str, distribution: str | None, version: str | None, cause: str, *,
                 kinds: tuple[str, ...] = (), exc: BaseException | None = None) -> None:
         details = "".join(traceback.format_exception(exc)) if exc is not None else ""
         self._failures.append(PluginFailure(plugin, distribution, version, cause, kinds, details))
+        log.warning("plugin %r (%s) could not be used: %s", plugin, distribution or "unknown distribution", cause,
+                    exc_info=exc)
 
     def _safe_unregister(self, plugin: object) -> None:
         try:
@@ -146,7 +156,10 @@ class Registry:
             self._loaded = True
             from importlib.metadata import entry_points  # lazy: only when discovery happens
 
-            for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP):
+            found = entry_points(group=hookspecs.ENTRY_POINT_GROUP)
+            log.debug("discovering plugins: %d %r entry points (%s)", len(found), hookspecs.ENTRY_POINT_GROUP,
+                      ", ".join(ep.name for ep in found) or "none")
+            for ep in found:
                 dist = ep.dist.name if ep.dist is not None else None
                 version = ep.dist.version if ep.dist is not None else None
                 if self._pm.get_plugin(ep.name) is not None or self._pm.is_blocked(ep.name):

@@ -6,14 +6,41 @@ Nothing deep in the engine reads ``os.environ``: the registry and graphs receive
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Mapping
 
 import attrs
 
-__all__ = ["Settings", "DISPATCH_POLICIES"]
+from engine.errors import InputError
+
+__all__ = ["Settings", "DISPATCH_POLICIES", "DEFAULT_CACHE_MAX_BYTES", "parse_size", "cache_max_bytes_from_env"]
 
 DISPATCH_POLICIES = ("tune", "first", "nearest", "error")
+#: The cache directory's default size cap (``ENGINE_CACHE_MAX_BYTES``); see ``engine.cache``.
+DEFAULT_CACHE_MAX_BYTES = 1 << 30
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+               "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40,
+               "tib": 1 << 40}
+_SIZE_RE = re.compile(r"\s*([0-9]{1,15})\s*([a-zA-Z]{0,3})\s*\Z")
+
+
+def parse_size(text: str, *, what: str) -> int:
+    """``"512M"``, ``"2GiB"``, ``"1000000"`` as bytes (binary units); ``InputError`` (a ``ValueError``)
+    naming ``what`` and the expected spelling otherwise."""
+    match = _SIZE_RE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise InputError(f"{what}={text!r}: expected a size in bytes such as 500000000, 512M or 2G "
+                         "(0 for no cap)")
+    return int(match.group(1)) * _SIZE_UNITS[unit]  # type: ignore[index]
+
+
+def cache_max_bytes_from_env(env: Mapping[str, str] | None = None) -> int:
+    """``ENGINE_CACHE_MAX_BYTES`` (default ``DEFAULT_CACHE_MAX_BYTES``; 0: no cap)."""
+    env = os.environ if env is None else env
+    text = env.get("ENGINE_CACHE_MAX_BYTES", "").strip()
+    return parse_size(text, what="ENGINE_CACHE_MAX_BYTES") if text else DEFAULT_CACHE_MAX_BYTES
 
 
 def _default_cache_dir(env: Mapping[str, str]) -> Path:
@@ -33,11 +60,20 @@ class Settings:
     dispatch_policy: str = attrs.field(default="tune")
     #: ``ENGINE_DISPATCH_CACHE=0`` stops reading and writing tuned rows under ``cache_dir/dispatch``.
     dispatch_cache: bool = True
+    #: ``ENGINE_CACHE_MAX_BYTES=2G``: the cache directory's size cap, kept by evicting the least
+    #: recently used entries (``engine.cache``; 0: no cap).
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
+    #: ``ENGINE_TUNING_TRACES=1``: write a Chrome trace of each tuning run under ``cache_dir/traces``.
+    tuning_traces: bool = False
+    #: ``ENGINE_NATIVE_RUN=0`` turns the native run path off (``engine.runtime.native``: prepared runs
+    #: on the CPU as one compiled call). The default reads the variable, so that registries built
+    #: with explicit settings follow the switch too.
+    native_run: bool = attrs.field(factory=lambda: _flag(os.environ.get("ENGINE_NATIVE_RUN", "1")))
 
     @dispatch_policy.validator
-    def _check_policy(self, _attr: attrs.Attribute, value: str) -> None:
+    def _check_policy(self, _attr: "attrs.Attribute[str]", value: str) -> None:
         if value not in DISPATCH_POLICIES:
-            raise ValueError(f"dispatch policy {value!r}: expected one of {', '.join(DISPATCH_POLICIES)}")
+            raise InputError(f"dispatch policy {value!r}: expected one of {', '.join(DISPATCH_POLICIES)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -46,13 +82,17 @@ class Settings:
         kinds = tuple(k.strip().lower() for k in devices.split(",") if k.strip()) if devices else None
         policy = env.get("ENGINE_DISPATCH_POLICY", "tune").strip().lower() or "tune"
         if policy not in DISPATCH_POLICIES:
-            raise ValueError(f"ENGINE_DISPATCH_POLICY={policy!r}: expected one of {', '.join(DISPATCH_POLICIES)}")
+            # InputError (an EngineError and a ValueError): the CLI names the variable, not "internal error".
+            raise InputError(f"ENGINE_DISPATCH_POLICY={policy!r}: expected one of {', '.join(DISPATCH_POLICIES)}")
         return cls(
             devices=kinds,
             autoload_plugins=_flag(env.get("ENGINE_PLUGINS_AUTOLOAD", "1")),
             cache_dir=Path(env["ENGINE_CACHE_DIR"]) if env.get("ENGINE_CACHE_DIR") else _default_cache_dir(env),
             dispatch_policy=policy,
             dispatch_cache=_flag(env.get("ENGINE_DISPATCH_CACHE", "1")),
+            cache_max_bytes=cache_max_bytes_from_env(env),
+            tuning_traces=_flag(env.get("ENGINE_TUNING_TRACES", "0")),
+            native_run=_flag(env.get("ENGINE_NATIVE_RUN", "1")),
         )
 
 

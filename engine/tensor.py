@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from engine.storage import ExternalStorage, Storage
 
 if TYPE_CHECKING:
     from engine.backend import BackendBase
+    from engine.backend.contract import DevicePtr
     from engine.plugins import Registry
 
 __all__ = ["Tensor", "empty", "asarray", "from_dlpack", "tensor_from_numpy"]
@@ -74,7 +75,7 @@ class Tensor:
         return math.prod(self.shape) * self.dtype.nbytes
 
     @property
-    def ptr(self) -> object:
+    def ptr(self) -> "DevicePtr":
         """The device pointer of the first element (the backend's pointer type plus ``offset``)."""
         return self.storage.ptr + self.offset
 
@@ -108,7 +109,7 @@ class Tensor:
             host_wait(backend, index, stream)
         return out
 
-    def __array__(self, dtype: object = None, copy: bool | None = None) -> np.ndarray:
+    def __array__(self, dtype: "np.typing.DTypeLike | None" = None, copy: bool | None = None) -> np.ndarray:
         """numpy 2 protocol: ``copy=False`` raises ``ValueError`` when a copy cannot be avoided."""
         on_host = self.storage.host_view is not None
         want = None if dtype is None else np.dtype(dtype)
@@ -150,11 +151,16 @@ class Tensor:
             backend = _backend(source.device.kind, source.registry)
             data, byte_offset = backend.export_pointer(source.ptr)
             if stream != -1:
-                # The consumer reads on its own stream, which the contract cannot name to the
-                # backend: wait on the host for the work queued on the tensor's stream (an event,
-                # not a device-wide synchronize).
+                # The consumer reads on its own stream: order it after the work queued on the
+                # tensor's stream (an event) where the backend can use the consumer's stream,
+                # else wait on the host for that work (an event, not a device-wide synchronize).
                 index = source.device.index
-                host_wait(backend, index, _producer_stream(source.storage, backend, index))
+                producer = _producer_stream(source.storage, backend, index)
+                consumer = backend.dlpack_stream(stream if isinstance(stream, int) else None, index)
+                if consumer is None:
+                    host_wait(backend, index, producer)
+                else:
+                    order_after(backend, index, producer, consumer)
         versioned = max_version is not None and max_version[0] >= 1
         readonly = source.storage.readonly
         if readonly and not versioned:
@@ -168,7 +174,7 @@ class Tensor:
             data, source.shape, source.dtype, here[0], here[1], source, byte_offset=byte_offset,
             versioned=versioned, readonly=readonly, copied=copied, version=version)
 
-    def torch(self):  # -> torch.Tensor
+    def torch(self) -> Any:  # torch.Tensor (torch is optional: not named in annotations)
         """A torch tensor sharing this tensor's memory (through DLPack)."""
         try:
             import torch
@@ -194,7 +200,7 @@ class Tensor:
 
 
 # -- factories ---------------------------------------------------------------------------------------
-def empty(shape: int | Sequence[int], dtype: DType | str | object, device: Device | str = "cpu", *,
+def empty(shape: int | Sequence[int], dtype: "_dtypes.DTypeLike", device: Device | str = "cpu", *,
           registry: "Registry | None" = None) -> Tensor:
     """An uninitialized tensor allocated by ``device``'s backend (``OutOfMemoryError`` naming this
     call's shape and dtype when the device cannot provide it)."""
@@ -224,7 +230,7 @@ def tensor_from_numpy(array: np.ndarray, *, device: Device | str = _CPU) -> Tens
         raise InputError(f"numpy array of shape {array.shape} with strides {array.strides} is not "
                          f"C-contiguous; pass np.ascontiguousarray(array) or use engine.asarray()")
     # A flat byte view: memoryview cannot describe ml_dtypes (bfloat16, float8) element formats.
-    host_view = memoryview(array.reshape(-1).view(np.uint8))
+    host_view = array.reshape(-1).view(np.uint8).data  # memoryview(...): typed without the 3.12 buffer protocol
     storage = ExternalStorage(Device.parse(device), array_address(array), array.nbytes, owner=array,
                               host_view=host_view)
     return Tensor(storage, dt, array.shape, 0)
@@ -258,7 +264,7 @@ def from_dlpack(obj: object, *, registry: "Registry | None" = None) -> Tensor:
         raise
 
 
-def asarray(obj: object, dtype: DType | str | object = None, device: Device | str = "cpu", *,
+def asarray(obj: object, dtype: "_dtypes.DTypeLike | None" = None, device: Device | str = "cpu", *,
             registry: "Registry | None" = None) -> Tensor:
     """``obj`` as a tensor of ``dtype`` on ``device``.
 
@@ -280,6 +286,7 @@ def _source_tensor(obj: object, want: DType | None, registry: "Registry | None")
     (converted to ``want`` on the way when numpy does the copying anyway)."""
     if isinstance(obj, Tensor):
         return obj
+    array: np.ndarray | None
     if isinstance(obj, np.ndarray):
         array = obj
     elif hasattr(obj, "__dlpack__"):
@@ -357,10 +364,16 @@ def _consumer_stream(backend: "BackendBase | None", index: int) -> object:
 def _request_capsule(obj: object, stream: object) -> object:
     kwargs = {} if stream is None else {"stream": stream}
     try:
-        return obj.__dlpack__(max_version=_dlpack.DLPACK_VERSION, **kwargs)  # type: ignore[attr-defined]
-    except TypeError:
-        # Producers from before DLPack 1.0 take no max_version.
-        return obj.__dlpack__(**kwargs)  # type: ignore[attr-defined]
+        try:
+            return obj.__dlpack__(max_version=_dlpack.DLPACK_VERSION, **kwargs)  # type: ignore[attr-defined]
+        except TypeError:
+            # Producers from before DLPack 1.0 take no max_version.
+            return obj.__dlpack__(**kwargs)  # type: ignore[attr-defined]
+    except BufferError as exc:
+        # The producer refuses to share this tensor (torch: one that requires grad): say so as the
+        # engine's error, with the producer's own advice.
+        raise InputError(f"{type(obj).__module__.split('.')[0]}.{type(obj).__name__} refused to share its memory "
+                         f"through DLPack: {exc}") from exc
 
 
 class _HostMemory:
@@ -379,7 +392,7 @@ def _borrowed_host_view(addr: int, nbytes: int, readonly: bool, keepalive: objec
     numpy view made from it pins the producer's memory even after the storage is gone."""
     if nbytes == 0:
         return memoryview(b"") if readonly else memoryview(bytearray())
-    return memoryview(np.asarray(_HostMemory(addr, nbytes, readonly, keepalive)))
+    return np.asarray(_HostMemory(addr, nbytes, readonly, keepalive)).data
 
 
 def _wrap_imported(imported: _dlpack.ImportedDLTensor, registry: "Registry | None") -> Tensor:
@@ -408,7 +421,7 @@ def _numpy_from_dlpack(obj: object) -> np.ndarray | None:
         device_type, _ = obj.__dlpack_device__()  # type: ignore[attr-defined]
         if device_type != _KDL_CPU:
             return None
-        return np.from_dlpack(obj)
+        return np.from_dlpack(obj)  # type: ignore[arg-type]  # checked above: a host DLPack producer
     except (BufferError, TypeError, ValueError, RuntimeError, AttributeError):
         return None
 
@@ -433,8 +446,9 @@ def _dims_text(dims: tuple[int, ...]) -> str:
 
 
 def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    dims: tuple[int, ...] | None
     try:
-        dims = (operator.index(shape),)
+        dims = (operator.index(shape),)  # type: ignore[arg-type]  # a sequence raises TypeError here
     except TypeError:
         dims = None
     try:

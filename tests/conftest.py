@@ -45,7 +45,9 @@ def mlp_bundle(tmp_path_factory, registry) -> Path:
 def pytest_collection_modifyitems(config, items):
     """Skip `gpu` tests, with the reason, where no GPU exists (probing is done by each test's plugin)."""
     for item in items:
-        if "gpu" in item.keywords and not _has_gpu():
+        # The marker, not the keyword: "gpu" is also the name of the tests/gpu folder, whose CPU
+        # cases must run everywhere.
+        if item.get_closest_marker("gpu") is not None and not _has_gpu():
             item.add_marker(pytest.mark.skip(reason="no GPU device on this machine (nvidia-smi/rocm-smi absent)"))
 
 
@@ -53,3 +55,14 @@ def _has_gpu() -> bool:
     import shutil
 
     return shutil.which("nvidia-smi") is not None or shutil.which("rocm-smi") is not None
+
+
+def pytest_configure(config):
+    """``ENGINE_TEST_TORCH=1`` (CI: ``.ci/run``) makes the torch tests required: without torch the run
+    stops here instead of skipping them. Otherwise they skip, with the reason, where torch is absent."""
+    import importlib.util
+    import os
+
+    if os.environ.get("ENGINE_TEST_TORCH") == "1" and importlib.util.find_spec("torch") is None:
+        raise pytest.UsageError("ENGINE_TEST_TORCH=1 but torch is not installed: install the torch-tests extra "
+                                "(pip install -e '.[torch-tests]', which ./scripts/test does when ENGINE_TEST_TORCH=1)")

@@ -56,13 +56,14 @@ def _build_add(registry, path: Path) -> None:
 
 
 def _build_offload(path: Path) -> None:
-    """A graph that needs CUDA (prebuilt binaries, no plugin needed to write it)."""
+    """A graph that needs a device kind no installed plugin provides (prebuilt binaries, no plugin
+    needed to write it)."""
     b = GraphBuilder("offload")
     x = b.input("x", "float32", ["n"])
-    xd = b.copy(x, "cuda")
-    k = b.kernel("scale", device="cuda", entries=["scale"],
-                 binaries=[{"format": "cubin", "target": "sm_90", "path": "scale.cubin", "data": b"not a cubin"},
-                           {"format": "ptx", "target": "compute_80", "path": "scale.ptx", "data": b"// ptx"}],
+    xd = b.copy(x, "npu")
+    k = b.kernel("scale", device="npu", entries=["scale"],
+                 binaries=[{"format": "npu-elf", "target": "v2", "path": "scale.elf", "data": b"not an elf"},
+                           {"format": "npu-ir", "target": "any", "path": "scale.ir", "data": b"// ir"}],
                  launch={"grid": ["ceil_div(n, 128)", "1", "1"], "block": ["128", "1", "1"]})
     (y,) = b.call(k, [xd], [("float32", ["n"])], symbols=["n"])
     b.output(b.copy(y, "cpu"), "y")
@@ -130,7 +131,7 @@ JOBS = {
     "profile": (["profile", "mlp.cgb", "--random", "--symbol", "batch=16", "--repeat", "3", "-o", "prof.json"], {}),
     "trace": (["trace", "mlp.cgb", "--random", "--symbol", "batch=16", "-o", "trace.json", "--json"], {}),
     "missing": (["inspect", "missing.cgb"], {}),
-    "absent_device": (["run", "offload.cgb", "--random", "--symbol", "n=4", "--device", "cuda:0"], {}),
+    "absent_device": (["run", "offload.cgb", "--random", "--symbol", "n=4", "--device", "npu:0"], {}),
 }
 
 
@@ -237,12 +238,12 @@ BAD = [
     (["run", "mlp.cgb", "--input", "x=notabundle.cgb"], 2, "cannot read notabundle.cgb as a .npy array"),
     (["run", "add.cgb", "--input", "a=x.npy", "--input", "b=b.npy"], 2, "the array has shape [5, 64]"),
     (["run", "add.cgb", "--input", "a=a.npy", "--input", "a=b.npy"], 2, "--input 'a' is given twice"),
-    (["run", "mlp.cgb", "--random", "-s", "batch=2", "--device", "cuda:0"], 2, "the bundle only runs on cpu"),
+    (["run", "mlp.cgb", "--random", "-s", "batch=2", "--device", "opencl:0"], 2, "the bundle only runs on cpu"),
     (["run", "mlp.cgb", "--random", "-s", "batch=2", "--device", "cpu:7"], 2, "no such device"),
     (["run", "mlp.cgb", "--random", "-s", "batch=2", "--device", "CPU!"], 2, "malformed device"),
     (["run", "mlp.cgb", "--random", "-s", "batch=2", "-o", "nodir/out.npz"], 2, "directory 'nodir' does not exist"),
-    (["run", "offload.cgb", "--random", "-s", "n=2", "--device", "cuda:0"], 2, "no plugin provides device kind"),
-    (["run", "offload.cgb", "--random", "-s", "n=2"], 1, "no plugin provides device kind 'cuda'"),
+    (["run", "offload.cgb", "--random", "-s", "n=2", "--device", "npu:0"], 2, "no plugin provides device kind"),
+    (["run", "offload.cgb", "--random", "-s", "n=2"], 1, "no plugin provides device kind 'npu'"),
     (["bench", "mlp.cgb"], 2, "missing a value for symbol 'batch': add --symbol batch=8"),
     (["bench", "mlp.cgb", "--symbol", "seq=3"], 2, "the graph has no symbol 'seq'"),
     (["bench", "mlp.cgb", "--symbol", "batch=0"], 2, "symbol values must be positive integers"),
@@ -285,7 +286,7 @@ def test_bad_usage_in_processes(cli):
     for r in (missing, absent):
         assert r.code == 2 and r.out == "", r
     assert "missing.cgb: no such file or directory" in _one_line_error(missing, "inspect")
-    assert "--device cuda:0: no plugin provides device kind 'cuda'" in _one_line_error(absent, "run")
+    assert "--device npu:0: no plugin provides device kind 'npu'" in _one_line_error(absent, "run")
 
 
 @pytest.mark.parametrize("command", ["demo", "devices", "inspect", "verify", "run", "bench", "tune", "profile",
@@ -388,8 +389,8 @@ def test_inspect_json_carries_the_same_figures(cli, engine_cli):
 def test_inspect_a_bundle_this_machine_cannot_run(cli):
     check = cli["offload"]
     assert check.code == 1, check
-    assert "runs here: NO" in check.out and "no plugin for 'cuda' here (install 'engine-cuda')" in check.out
-    assert "cubin/sm_90, ptx/compute_80" in check.out and "(builtin copy)" in check.out
+    assert "runs here: NO" in check.out and "no plugin for 'npu' here" in check.out
+    assert "npu-elf/v2, npu-ir/any" in check.out and "(builtin copy)" in check.out
     assert "cannot run on this machine" in _one_line_error(check, "inspect")
 
 
@@ -515,21 +516,21 @@ def test_devices_lists_a_broken_plugin_with_its_cause(tmp_path, capsys):
     import engine
     from support import make_registry
 
-    class BrokenCuda:
+    class BrokenNpu:
         @engine.hookimpl
         def engine_backends(self):
-            raise ImportError("libcuda.so.1: cannot open shared object file")
+            raise ImportError("libnpu.so.1: cannot open shared object file")
 
     registry = make_registry(tmp_path / "cache")
-    registry.register_plugin(BrokenCuda(), name="cuda", distribution="engine-cuda", version="0.1.0")
+    registry.register_plugin(BrokenNpu(), name="npu", distribution="engine-npu", version="0.1.0")
     assert main(["devices"], registry=registry) == 0
     out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if "engine-cuda" in line)
-    assert row.split()[1] == "no" and "ImportError: libcuda.so.1: cannot open shared object file" in row
+    row = next(line for line in out.splitlines() if "engine-npu" in line)
+    assert row.split()[1] == "no" and "ImportError: libnpu.so.1: cannot open shared object file" in row
     assert "'engine devices --verbose' shows why in full" in out
     assert main(["devices", "--json", "--verbose"], registry=registry) == 0
     (failure,) = json.loads(capsys.readouterr().out)["failures"]
-    assert failure["distribution"] == "engine-cuda" and "libcuda.so.1" in failure["cause"]
+    assert failure["distribution"] == "engine-npu" and "libnpu.so.1" in failure["cause"]
     assert "Traceback" in failure["details"]  # --verbose keeps the traceback, in the JSON document only
 
 

@@ -404,7 +404,9 @@ def test_captures_replay_on_a_stream_and_release_what_the_backend_recorded(tmp_p
     assert captured.method == "capdev capture"
     captured.replay()
     captured.replay(stream=9)
-    assert backend.recorded.streams == [4, 9]  # the capture's own stream, then the one asked for
+    # once when captured (the outputs hold the example's results), then the capture's own stream,
+    # then the one asked for
+    assert backend.recorded.streams == [4, 4, 9]
     assert captured.outputs[0].storage.stream == 9
     np.testing.assert_allclose(captured.outputs[0].numpy(), _expected(np.arange(6)))
     captured.close()

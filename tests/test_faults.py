@@ -493,7 +493,8 @@ def test_save_to_a_read_only_file_system_raises_and_changes_nothing(small_fs, re
 
 
 def test_read_only_kernel_cache_serves_what_it_holds(small_fs, registry, tmp_path):
-    """Kernels already cached load from a read-only cache; a kernel that is not is a clear error."""
+    """Kernels already cached load from a read-only cache; others load from memory (shared objects)
+    or compile into a private temporary directory (sources), and nothing is written."""
     warm, cold = tmp_path / "warm.cgb", tmp_path / "cold.cgb"
     small_graph(registry, 1.0, source_only=True).save(warm)
     small_graph(registry, 5.0, offset=0.5).save(cold)  # another object, not in the cache
@@ -504,9 +505,7 @@ def test_read_only_kernel_cache_serves_what_it_holds(small_fs, registry, tmp_pat
     run_bundle(warm, cache, 1.0, source_only=True)
     (out,) = load_in_processes(warm, cache, 1)  # a fresh process: nothing memoized
     np.testing.assert_array_equal(out, expected(np.arange(8, dtype=np.float32), 1.0, True))
-    with pytest.raises(KernelError) as info:
-        run_bundle(cold, cache, 5.0, offset=0.5)
-    assert_one_line_naming(info.value, str(cache), "Read-only file system")
+    run_bundle(cold, cache, 5.0, offset=0.5)
     assert tree(cache) == cached
 
 
@@ -525,11 +524,7 @@ def test_eight_processes_with_a_cold_cache_leave_one_entry_per_kernel(tmp_path, 
     secret_made = {name for name in tree(shared) if "/.auth/" in name}  # per-cache secret and tags
     assert {n: d for n, d in tree(shared).items() if n not in secret_made} == \
         {n: d for n, d in tree(alone).items() if n not in secret_made}
-    shipped = read_bundle(bundle).archive.read("kernels/0/add_w.so")
-    objects = listing(shared / "cpu" / "so")
-    assert hashlib.sha256(shipped).hexdigest() + ".so" in objects
-    for name in objects:  # every extracted object is whole: named by the hash of its bytes
-        assert name == hashlib.sha256((shared / "cpu" / "so" / name).read_bytes()).hexdigest() + ".so"
+    assert not (shared / "cpu" / "so").exists()  # shipped shared objects load from memory: none extracted
     build = shared / "cpu" / "build"
     keys = sorted(n[:-3] for n in listing(build) if n.endswith(".so"))
     assert len(keys) >= 2  # scale2 and sub1 at least; each built once: <key>.so, hash, lock, tag
@@ -575,7 +570,8 @@ def test_planted_content_store_object_is_replaced_not_executed(tmp_path, registr
     (out,) = load_in_processes(bundle, cache, 1)
     np.testing.assert_array_equal(out, expected(np.arange(8, dtype=np.float32), 1.0))
     assert not marker.exists()
-    assert planted.read_bytes() == genuine and listing(planted.parent) == [planted.name]
+    # Kernels load from memory (the bundle's bytes): the planted file is never opened, nor needed.
+    assert planted.read_bytes() == evil and listing(planted.parent) == [planted.name]
 
 
 @pytest.mark.parametrize("side_file", ["missing", "matching", "another entry's"])

@@ -55,6 +55,24 @@ def test_wrong_input_count(adder):
         adder.run_async([np.zeros((1, 4), np.float32)])
 
 
+def test_a_single_array_instead_of_a_list_is_named(adder):
+    x = np.ones((3, 4), np.float32)
+    with pytest.raises(engine.InputError) as info:  # not "takes 2 inputs, got 3" (its rows)
+        adder.run_async(x)
+    assert str(info.value) == "the graph takes a list of 2 inputs, got a single ndarray: pass [x] (expected: 'x', 'y')"
+
+
+def test_a_tensor_its_producer_refuses_to_share_is_an_input_error(adder):
+    torch = pytest.importorskip("torch", reason="torch is not installed (the torch-tests extra)")
+    x = torch.ones((3, 4), requires_grad=True)
+    with pytest.raises(engine.InputError) as info:  # not torch's BufferError
+        adder.run_async([x, x])
+    assert str(info.value) == ("'x': torch.Tensor refused to share its memory through DLPack: Can't export "
+                               "tensors that require gradient, use tensor.detach()")
+    (y,) = adder.run_async([x.detach(), x.detach()])  # the advice works
+    np.testing.assert_array_equal(y.numpy(), np.full((3, 4), 2, np.float32))
+
+
 def test_wrong_input_shape(adder):
     with pytest.raises(engine.InputError, match=r"'y': dimension 1 must be 4, got 5"):
         adder.run_async([np.zeros((2, 4), np.float32), np.zeros((2, 5), np.float32)])

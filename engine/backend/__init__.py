@@ -8,8 +8,8 @@ files. ``docs/plugins.md`` is the guide; ``engine.testing`` the conformance suit
 
 from engine.backend.base import BackendBase, BinaryRefused, KernelBase, kernel_failure
 from engine.backend.contract import (API_CHANGES, API_VERSION, Availability, Backend, BinaryPayload, CandidateSpec,
-                                     DevicePtr, Event, FusedLaunch, Kernel, LaunchConfig, LaunchDims, PreparedLaunch,
-                                     ReferenceKernel, Replayable, Stream)
+                                     DevicePtr, Event, FusedLaunch, HasNativeLaunch, Kernel, LaunchConfig, LaunchDims,
+                                     NativeLaunch, PreparedLaunch, ReferenceKernel, Replayable, Stream)
 from engine.backend.events import HostEvent
 from engine.pointer import BufferPtr
 
@@ -29,6 +29,8 @@ __all__ = [
     "KernelBase",
     "PreparedLaunch",
     "FusedLaunch",
+    "NativeLaunch",
+    "HasNativeLaunch",
     "Replayable",
     "Event",
     "HostEvent",

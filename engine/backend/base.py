@@ -138,6 +138,15 @@ class BackendBase:
         """
         return data + byte_offset
 
+    def dlpack_stream(self, value: int | None, device_index: int = 0) -> Stream | None:
+        """The stream a DLPack consumer named in ``__dlpack__(stream=value)`` (``None``: it named
+        none), as this backend's stream, or ``None`` when the backend cannot use it.
+
+        With a stream, an export only orders the consumer's stream after the tensor's producer (an
+        event); without one the host waits for the producer. Default: ``None`` (the host waits).
+        """
+        return None
+
     # -- streams and events --------------------------------------------------------------------
     def current_stream(self, device_index: int = 0) -> Stream:
         return None

@@ -14,6 +14,13 @@ only catches torn writes, since whoever plants bytes can write their hash too. S
 carries a tag, an HMAC of its key and hash under a secret that only the cache's owner can read
 (``.auth/secret``, mode 0600, refused unless owned by this user); an entry without a valid tag is
 rebuilt and replaced, never handed out.
+
+A cache that cannot be written at all (read-only file system or home, no permission; see
+``engine.cache.read_only_cache``) is not an error: ``BuildCache`` serves what it holds, builds
+the rest without a lock and keeps it in memory, and says so once in the ``engine.cache`` log. A
+full disk still raises, since it is a fault to fix rather than a deployment choice. Writers report
+what they publish to ``engine.cache.note_write`` (the size cap) and readers touch what they hit
+(``engine.cache.touch``: last use is the mtime the cap evicts by).
 """
 
 from __future__ import annotations
@@ -29,12 +36,17 @@ import warnings
 from pathlib import Path
 from typing import Callable, Iterator
 
+from engine.cache import note_write, read_only_cache, report_read_only, touch
+from engine.log import get_logger
+
 try:  # POSIX only; without it concurrent builders just duplicate work.
     import fcntl
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["sha256_hex", "atomic_write", "read_verified", "key_lock", "ContentStore", "BuildCache"]
+
+log = get_logger("engine.cache")
 
 
 def sha256_hex(data: bytes | memoryview) -> str:
@@ -101,12 +113,13 @@ class ContentStore:
 
     ``publish`` writes a file unless one that hashes to its name is already there, and returns its
     path; a truncated or tampered file is replaced. Loaders that must open a path (``dlopen``)
-    publish here first.
+    publish here first. ``cache_root`` is the cache directory ``root`` lies in (for its size cap).
     """
 
-    def __init__(self, root: Path, suffix: str = ""):
+    def __init__(self, root: Path, suffix: str = "", *, cache_root: Path | None = None):
         self.root = Path(root)
         self.suffix = suffix
+        self.cache_root = None if cache_root is None else Path(cache_root)
 
     def path_for(self, sha256: str) -> Path:
         return self.root / f"{sha256}{self.suffix}"
@@ -116,6 +129,10 @@ class ContentStore:
         path = self.path_for(sha)
         if read_verified(path, sha) is None:  # missing, truncated or tampered: (re)write
             atomic_write(path, data)
+            log.debug("content store %s: wrote %s", self.root, path.name)
+            note_write(path, len(data), root=self.cache_root)
+        else:
+            touch(path)
         return path
 
 
@@ -175,12 +192,17 @@ class BuildCache:
     bytes whose hash or tag is missing, belongs to an older file, or was written by someone else.
     ``get_or_build`` holds a per-key lock so that concurrent builders (threads or processes) build
     once; correctness comes from the atomic publish and the checks, the lock only saves work.
-    Results are memoized per object.
+    Results are memoized per object. A cache that cannot be written (``read_only`` becomes True)
+    still serves its entries; what is built meanwhile is kept in memory only (module docstring).
+    ``cache_root`` is the cache directory ``root`` lies in (for its size cap and the log).
     """
 
-    def __init__(self, root: Path, suffix: str = ""):
+    def __init__(self, root: Path, suffix: str = "", *, cache_root: Path | None = None):
         self.root = Path(root)
         self.suffix = suffix
+        self.cache_root = None if cache_root is None else Path(cache_root)
+        #: True once writing to the cache failed because it cannot be written at all.
+        self.read_only = False
         self._memo: dict[str, bytes] = {}
         self._secret: bytes | None = None
         self._warned = False
@@ -215,31 +237,55 @@ class BuildCache:
         path = self._path(key)
         secret = self._key_secret(create=False)
         if secret is None:
+            log.debug("build cache %s: miss %s (no secret yet)", self.root, key[:16])
             return None
         try:
             recorded = path.with_name(path.name + ".sha256").read_text(encoding="ascii").strip()
             tag = self._tag_path(key).read_text(encoding="ascii").strip()
         except (OSError, UnicodeDecodeError):
+            log.debug("build cache %s: miss %s", self.root, key[:16])
             return None
         if not hmac.compare_digest(tag, self._tag(key, recorded, secret)):
+            log.debug("build cache %s: miss %s (tag does not match: rebuilt)", self.root, key[:16])
             return None
         data = read_verified(path, recorded)
         if data is not None:
             self._memo[key] = data
+            touch(path)
+            log.debug("build cache %s: hit %s", self.root, key[:16])
+        else:
+            log.debug("build cache %s: miss %s (bytes do not match their hash: rebuilt)", self.root, key[:16])
         return data
 
     def put(self, key: str, data: bytes) -> None:
-        """Publish ``data`` for ``key``; skipped (with a warning, once) where no secret can be trusted."""
-        secret = self._key_secret(create=True)
-        if secret is None:
-            self._warn_untrusted()
-            self._memo[key] = data  # this process built it: usable here, just not kept on disk
+        """Publish ``data`` for ``key``; skipped (with a warning, once) where no secret can be trusted,
+        and kept in memory only where the cache cannot be written (``read_only``)."""
+        if self.read_only:
+            self._memo[key] = data
             return
-        path, sha = self._path(key), sha256_hex(data)
-        atomic_write(path, data)
-        atomic_write(path.with_name(path.name + ".sha256"), sha.encode())
-        atomic_write(self._tag_path(key), self._tag(key, sha, secret).encode())
+        try:
+            secret = self._key_secret(create=True)
+            if secret is None:
+                self._warn_untrusted()
+                self._memo[key] = data  # this process built it: usable here, just not kept on disk
+                return
+            path, sha = self._path(key), sha256_hex(data)
+            atomic_write(path, data)
+            atomic_write(path.with_name(path.name + ".sha256"), sha.encode())
+            atomic_write(self._tag_path(key), self._tag(key, sha, secret).encode())
+        except OSError as exc:
+            if not read_only_cache(exc, self.cache_root or self.root):
+                raise
+            self._went_read_only(exc)
+            self._memo[key] = data
+            return
         self._memo[key] = data
+        log.debug("build cache %s: stored %s (%d bytes)", self.root, key[:16], len(data))
+        note_write(path, len(data) + 2 * len(sha), root=self.cache_root)
+
+    def _went_read_only(self, exc: OSError) -> None:
+        self.read_only = True
+        report_read_only(self.cache_root or self.root, exc)
 
     def get_or_build(self, key: str, build: "Callable[[], bytes]") -> bytes:
         """The cached bytes for ``key``, building and publishing them on a miss.
@@ -249,9 +295,22 @@ class BuildCache:
         data = self.get(key)
         if data is not None:
             return data
-        with key_lock(self.root / f".{key}.lock"):
-            data = self.get(key)  # another process may have built it meanwhile
-            if data is None:
-                data = build()
-                self.put(key, data)
+        if not self.read_only:
+            locked = False
+            try:
+                with key_lock(self.root / f".{key}.lock"):
+                    locked = True
+                    data = self.get(key)  # another process may have built it meanwhile
+                    if data is None:
+                        data = build()
+                        self.put(key, data)
+                return data
+            except OSError as exc:
+                if locked or not read_only_cache(exc, self.cache_root or self.root):
+                    raise
+                self._went_read_only(exc)
+        data = self._memo.get(key)
+        if data is None:
+            data = build()
+            self._memo[key] = data
         return data

@@ -30,6 +30,8 @@ from engine.device import Device
 from engine.storage import Storage
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from 3.11; annotations only, never imported at run time
+
     from engine.expr import Expr
 
 __all__ = [
@@ -46,6 +48,8 @@ __all__ = [
     "PreparedLaunch",
     "Kernel",
     "FusedLaunch",
+    "NativeLaunch",
+    "HasNativeLaunch",
     "Replayable",
     "Event",
     "Backend",
@@ -152,6 +156,11 @@ class CandidateSpec:
         return f"kernel {self.kernel_name!r} candidate {self.index} (entry {self.entry!r})"
 
 
+def _str_tuple(value: Sequence[str]) -> tuple[str, ...]:
+    """``tuple`` as an attrs converter mypy can type (``converter=tuple`` leaves its parameter generic)."""
+    return tuple(value)
+
+
 @attrs.frozen
 class ReferenceKernel:
     """A kernel the conformance suite and the demo model run on a backend, in its own language.
@@ -166,7 +175,7 @@ class ReferenceKernel:
 
     source: str
     language: str
-    entries: tuple[str, ...] = attrs.field(converter=tuple)
+    entries: tuple[str, ...] = attrs.field(converter=_str_tuple)
     launch: Mapping[str, Any] | None = None
     options: Mapping[str, Any] | None = None
 
@@ -241,7 +250,7 @@ class Event(Protocol):
 
     def query(self) -> bool: ...
 
-    def elapsed_ms(self, end: "Event") -> float: ...
+    def elapsed_ms(self, end: Self) -> float: ...
 
 
 class Backend(Protocol):
@@ -283,3 +292,37 @@ class Backend(Protocol):
     def fuse(self, launches: Sequence[PreparedLaunch]) -> FusedLaunch | None: ...
     def export_pointer(self, ptr: DevicePtr) -> tuple[int, int]: ...
     def import_pointer(self, data: int, byte_offset: int, device_index: int = 0, owner: object = None) -> DevicePtr: ...
+    def dlpack_stream(self, value: int | None, device_index: int = 0) -> Stream | None: ...
+
+
+# -- the native run path (engine.runtime.native) ---------------------------------------------
+
+@attrs.frozen
+class NativeLaunch:
+    """What the native path needs to make one prepared launch itself (the CPU kernel ABI, DESIGN §4).
+
+    ``function`` is the address of ``int32_t entry(void *const *tensors, const int64_t *symbols,
+    void *workspace)``; ``tensors`` the address of the launch's own ``void *[tensor_count]`` argument
+    array (inputs then outputs; the core writes the graph inputs' and outputs' addresses into it
+    before each run, exactly as ``set_tensor`` would); ``symbols`` the address of its ``int64_t``
+    symbol array; ``workspace`` the scratch address (0 for none). The arrays must stay valid, at
+    these addresses, for as long as the prepared launch lives; ``fail(code)`` on the prepared launch
+    raises for a non-zero code, as after ``call()``.
+    """
+
+    function: int
+    tensors: int
+    tensor_count: int
+    symbols: int
+    workspace: int = 0
+
+
+@runtime_checkable
+class HasNativeLaunch(Protocol):
+    """A prepared launch the native path can make: ``native_launch`` is its description (or None
+    when this launch has no native form)."""
+
+    @property
+    def native_launch(self) -> NativeLaunch | None: ...
+
+    def fail(self, code: int) -> Any: ...

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -25,6 +25,9 @@ from engine.dtypes import dtype as to_dtype
 from engine.errors import InputError
 from engine.expr import parse_expr
 from engine.plugins import Registry, default_registry
+
+if TYPE_CHECKING:
+    from engine.runtime.compiled_graph import CompiledGraph
 
 __all__ = ["GraphBuilder", "KernelDef", "Value"]
 
@@ -124,7 +127,7 @@ class GraphBuilder:
         if len(launches) != len(entries):
             raise InputError(f"kernel {name!r}: {len(launches)} launch configurations for {len(entries)} entries")
         return KernelDef(name, device, tuple(entries), language, source, tuple(binaries), dict(options or {}),
-                         launches)
+                         launches)  # type: ignore[arg-type]  # launches: one mapping (or None) per entry
 
     def call(self, kernel: KernelDef, inputs: Sequence[Value], outputs: Sequence[tuple[Any, Sequence[int | str]]],
              *, symbols: Sequence[str] = (), workspace: int | str = 0,
@@ -193,7 +196,9 @@ class GraphBuilder:
                 built = backend.compile(kdef.source, kdef.language or "c", kdef.options)
                 for i, b in enumerate(built):
                     path = f"{kdef.name}{_suffix(b.format, b.path)}"
-                    if any(m.path == path for m in metas):  # e.g. two cubins for two archs
+                    if any(m.path == path for m in metas):  # e.g. two cubins for two archs: name the target
+                        path = f"{kdef.name}.{_file_part(b.target)}{_suffix(b.format, b.path)}"
+                    if any(m.path == path for m in metas):
                         path = f"{kdef.name}.{i}{_suffix(b.format, b.path)}"
                     metas.append(BinaryMeta(b.format, b.target, path))
                     files.append((path, bytes(b.data)))
@@ -203,10 +208,10 @@ class GraphBuilder:
                     metas.append(BinaryMeta(fmt, "any", src_path))
                     files.append((src_path, kdef.source.encode("utf-8")))
             else:
-                for i, b in enumerate(kdef.binaries):
-                    path = str(b.get("path") or f"{kdef.name}.{i}.bin")
-                    metas.append(BinaryMeta(str(b["format"]), str(b.get("target", "any")), path))
-                    files.append((path, bytes(b["data"])))
+                for i, given in enumerate(kdef.binaries):
+                    path = str(given.get("path") or f"{kdef.name}.{i}.bin")
+                    metas.append(BinaryMeta(str(given["format"]), str(given.get("target", "any")), path))
+                    files.append((path, bytes(given["data"])))
             cache[id(kdef)] = (metas, files)
         metas, files = cache[id(kdef)]
         out = []
@@ -259,7 +264,7 @@ class GraphBuilder:
                               graph_string=self._graph_string(kernels, instructions, tensor_sigs))
 
     def _graph_share_map(self, kernels: list[KernelMeta], instructions: list[tuple[int, list[int], list[int]]]) -> dict[int, int]:
-        root = {}
+        root: dict[int, int] = {}
         for k, ins, outs in instructions:
             for o, i in kernels[k].share_map.items():
                 root[outs[o]] = root.get(ins[i], ins[i])
@@ -282,16 +287,21 @@ class GraphBuilder:
     def to_bytes(self) -> bytes:
         return bundle_to_bytes(self.members(), engine_version=_engine_version())
 
-    def build(self, device: str | None = None):
+    def build(self, device: str | None = None) -> "CompiledGraph":
         """Compile everything and return the loaded ``CompiledGraph``."""
         from engine.runtime.compiled_graph import CompiledGraph
 
         return CompiledGraph(read_bundle(self.to_bytes()), device=device, registry=self._registry)
 
-    def save(self, path: str | Path, *, form: str = "zip") -> None:
+    def save(self, path: str | Path, *, form: Literal["zip", "dir"] = "zip") -> None:
         from engine.bundle.archive import write_bundle
 
         write_bundle(Path(path), self.members(), engine_version=_engine_version(), form=form)
+
+
+def _file_part(target: str) -> str:
+    """``target`` as part of a member name (``sm_90`` stays; anything unusual becomes ``_``)."""
+    return "".join(c if c.isalnum() or c in "_-" else "_" for c in target) or "any"
 
 
 def _suffix(fmt: str, path: str) -> str:

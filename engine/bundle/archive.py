@@ -41,13 +41,13 @@ import zipfile
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import attrs
 
 from engine.bundle.jsonread import INT64_MAX, INT64_MIN, clip
 from engine.bundle.text import utf8_problem
-from engine.errors import BundleError, SaveError
+from engine.errors import BundleError, BundleFileError, BundleNotFoundError, SaveError
 
 try:  # POSIX: saves lock their temporaries so that the next save can tell abandoned ones
     import fcntl
@@ -79,6 +79,11 @@ WEIGHTS_ALIGNMENT = 4096
 
 MANIFEST_MEMBER = "manifest.json"
 WEIGHTS_MEMBER = "weights.bin"
+def _as_tuple(value: Iterable[Any]) -> tuple[Any, ...]:
+    """``tuple`` as an attrs converter mypy can type (``converter=tuple`` leaves its parameter generic)."""
+    return tuple(value)
+
+
 _IDENTITY_EXCLUDED = frozenset({"dispatch_table.txt"})
 
 MemberData = Union[bytes, bytearray, memoryview, Sequence[Union[bytes, bytearray, memoryview]]]
@@ -252,7 +257,7 @@ def _manifest_doc(raw: bytes) -> object:
 class Manifest:
     """The parsed ``manifest.json``. ``format_version`` is ``(major, minor)``."""
 
-    format_version: tuple[int, int] = attrs.field(converter=tuple)
+    format_version: tuple[int, int] = attrs.field(converter=_as_tuple)
     engine_version: str
     files: Mapping[str, ManifestEntry] = attrs.field(converter=_freeze_files, hash=False)
     identity: str = attrs.field(init=False)
@@ -448,8 +453,10 @@ class BundleArchive:
         except BaseException as e:
             if file is not None:
                 file.close()
-            if isinstance(e, OSError):
-                raise BundleError(f"not a bundle: cannot read {str(path)!r}: {e.strerror or e}") from e
+            if isinstance(e, OSError) and not isinstance(e, BundleError):
+                kind = BundleNotFoundError if isinstance(e, FileNotFoundError) else BundleFileError
+                raise kind(f"not a bundle: cannot read {str(path)!r}: {e.strerror or e}", errno=e.errno,
+                           strerror=e.strerror, filename=str(path)) from e
             raise
 
     def __enter__(self) -> BundleArchive:
@@ -1287,7 +1294,7 @@ _SAVE_REASONS = {
 
 def _save_error(target: Path, exc: OSError) -> SaveError:
     """``exc`` as a one-line ``SaveError`` naming the target and the reason in words."""
-    reason = _SAVE_REASONS.get(exc.errno, "the operating system refused")
+    reason = _SAVE_REASONS.get(exc.errno or 0, "the operating system refused")  # errno None: no reason known
     detail = f"{exc.strerror or exc}" + (f" at {exc.filename!r}" if exc.filename else "")
     return SaveError(f"cannot save the bundle {os.fspath(target)!r}: {reason} ({detail}); "
                      "the bundle that was there, if any, is unchanged", path=os.fspath(target), errno=exc.errno)

@@ -146,7 +146,7 @@ def _npz_expectations(execution: GraphExecution) -> list[ExpectedArray | None]:
         if sig is None or None in shape:
             out.append(None)
         else:
-            out.append(ExpectedArray(sig.dtype.numpy, shape, t))
+            out.append(ExpectedArray(sig.dtype.numpy, shape, t))  # type: ignore[arg-type]  # no None left
     return out
 
 
@@ -163,7 +163,7 @@ def weights_layout(arrays: Sequence[tuple[str, np.ndarray]]) -> tuple[list[Weigh
             chunks.append(bytes(pad))
             offset += pad
         # Viewed as bytes through numpy: ml_dtypes arrays (bfloat16, float8) do not export a buffer format.
-        data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data  # a memoryview of the bytes
         entries.append(WeightEntry(name, from_numpy_dtype(array.dtype), tuple(array.shape), offset, data.nbytes))
         chunks.append(data)
         offset += data.nbytes
@@ -202,7 +202,7 @@ def bundle_members(
         entries, chunks, _ = weights_layout(weights)
         if entries:
             members["weights.json"] = _dumps([e.to_json() for e in entries])
-            members["weights.bin"] = chunks
+            members["weights.bin"] = chunks  # type: ignore[assignment]  # the writer takes a list of chunks
     elif weight_entries:
         members["weights.json"] = _dumps([e.to_json() for e in weight_entries])
     if dispatch_rows:

@@ -85,7 +85,7 @@ def loads_member(data: bytes, member: str) -> Any:
     def bounded_int(text: str) -> int | _Refused:
         if len(text) < MAX_DECIMAL_DIGITS and text.isascii():  # the scanner's tokens: -?[0-9]+
             return int(text)
-        value = _json_int(text)
+        value: int | _Refused | None = _json_int(text)
         if value is None:
             value = _Refused(f"integer {clip(text)} is out of range: {_INT_RANGE}")
             refused.append(value)
@@ -206,4 +206,5 @@ def _describe(value: Any) -> str:
     text = json.dumps(value) if isinstance(value, (str, int, float, bool)) else type(value).__name__
     if len(text) > 40:
         text = text[:37] + "..."
-    return {dict: "an object", list: "a list"}.get(type(value), text)
+    kinds: dict[type, str] = {dict: "an object", list: "a list"}
+    return kinds.get(type(value), text)

@@ -16,7 +16,7 @@ import tokenize
 import zipfile
 import zlib
 from collections.abc import Sequence
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 import attrs
 import numpy as np
@@ -153,12 +153,12 @@ def _read_array(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str,
         header = _read_header(f, path)
         _check_header(header, info, path, expected)
         data = _allocate(header.nbytes, path)
-        _fill(f, memoryview(data), path)
+        _fill(f, data.data, path)  # data.data: memoryview(data), typed without the 3.12 buffer protocol
     array = data.view(header.dtype).reshape(header.shape, order="F" if header.fortran_order else "C")
     return np.ascontiguousarray(array)
 
 
-def _read_header(f: BinaryIO, path: str) -> _Header:
+def _read_header(f: IO[bytes], path: str) -> _Header:
     """The ``.npy`` header, read without touching the data (numpy's readers, bounded)."""
     readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
     try:
@@ -202,12 +202,12 @@ def _allocate(nbytes: int, path: str) -> np.ndarray:
         raise OutOfMemoryError.from_error(exc, nbytes, "host", purpose=f"{NPZ_MEMBER} array {path}") from None
 
 
-def _fill(f: BinaryIO, out: memoryview, path: str) -> None:
+def _fill(f: IO[bytes], out: memoryview, path: str) -> None:
     """Inflate the data into ``out``; the member must hold exactly that many bytes (CRC checked)."""
     pos = 0
     try:
         while pos < len(out):
-            n = f.readinto(out[pos:pos + _CHUNK])
+            n = f.readinto(out[pos:pos + _CHUNK])  # type: ignore[attr-defined]  # zipfile's ZipExtFile has it
             if not n:
                 break
             pos += n

@@ -112,7 +112,7 @@ def analyze_graph(meta: GraphMetaData, ex: GraphExecution, kernels: Sequence[Ker
         extra = set(kernel.symbols) - symbols
         if extra:
             raise BundleError(f"kernel symbols {sorted(extra)} are not graph symbols", member=member, path="$.symbols")
-        used = set(kernel.workspace.symbols)
+        used = set(kernel.workspace.symbols)  # type: ignore[assignment]  # a set of its own from here on
         for c, cand in enumerate(kernel.candidates):
             if cand.launch is not None:
                 for e in (*cand.launch.grid, *cand.launch.block, cand.launch.shared_memory):

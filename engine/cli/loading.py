@@ -40,6 +40,9 @@ __all__ = [
     "key_grid",
     "synchronize",
     "check_output_path",
+    "check_input_memory",
+    "largest_key",
+    "bundle_size",
 ]
 
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
@@ -79,6 +82,17 @@ def check_bundle_path(path: str) -> Path:
     if "manifest.json" not in names:
         raise UsageError(f"{path}: not a bundle (a zip archive without manifest.json)")
     return p
+
+
+def bundle_size(path: Path) -> int:
+    """A bundle's size on disk in bytes: the ``.cgb`` file, or every file of a directory bundle.
+
+    The one figure every command shows for "how big is this bundle" (``engine inspect``, ``engine
+    demo``), always through ``format_bytes``: the same file reads the same everywhere.
+    """
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
 
 
 def read_contents(path: Path) -> "BundleContents":
@@ -122,8 +136,8 @@ def resolve_device(text: str | None, kinds: Sequence[str], registry: "Registry")
         device = Device.parse(text)
     except InputError as exc:
         raise UsageError(f"--device {text!r}: {exc}") from None
-    if device.kind not in kinds:
-        raise UsageError(f"--device {device}: the bundle only runs on {', '.join(kinds)}")
+    # First whether this machine knows the kind at all: "--device tpu" is about the missing plugin,
+    # whatever the bundle holds; then whether the bundle has kernels for it.
     rows = [r for r in registry.devices() if r.kind == device.kind]
     usable = [r for r in rows if r.available]
     if not rows:
@@ -131,6 +145,9 @@ def resolve_device(text: str | None, kinds: Sequence[str], registry: "Registry")
         install = f"install '{hint}'" if hint else f"install a plugin that provides {device.kind!r}"
         raise UsageError(f"--device {device}: no plugin provides device kind {device.kind!r} on this machine "
                          f"({install}; 'engine devices' lists what is installed)")
+    if device.kind not in kinds:
+        raise UsageError(f"--device {device}: the bundle only runs on {', '.join(kinds)} (it has no kernels for "
+                         f"{device.kind!r})")
     if not usable:
         raise UsageError(f"--device {device}: device kind {device.kind!r} is not usable here: {rows[0].reason}")
     count = usable[0].device_count
@@ -206,6 +223,68 @@ def _bind_from_array(name: str, spec_text: str, sig: "TensorSignature", array: n
             sources[e.source] = where
 
 
+def _symbol_culprit(env: dict[str, int], symbols: Sequence[str], sources: dict[str, str] | None) -> str:
+    """What the person typed that set these symbols: ``--symbol batch=1000000000000``."""
+    parts = []
+    for s in symbols:
+        where = (sources or {}).get(s, f"--symbol {s}")
+        parts.append(f"{where}={env[s]}" if where == f"--symbol {s}" else f"{s}={env[s]} (from {where})")
+    return ", ".join(parts) or "the static shapes"
+
+
+def check_input_memory(meta: "GraphMetaData", env: dict[str, int], *, indices: Sequence[int] | None = None,
+                       sources: dict[str, str] | None = None) -> None:
+    """Before numpy allocates the inputs this command makes (``--random``, or zeros for tuning): their
+    exact sizes, in Python integers, against this machine's memory.
+
+    Without it a typo like ``--symbol batch=1000000000000`` reaches numpy as a ``MemoryError`` or an
+    "array is too big" ``ValueError`` (reported as internal errors), and a value whose sizes overflow
+    int64 is blamed on the bundle's expressions. Raises ``InputError`` (exit 1) naming the symbol
+    values as typed, the input, the bytes needed and the memory available.
+    """
+    import math
+    import os
+
+    from engine.device import Device
+    from engine.errors import InputError, format_size
+    from engine.expr import ExprError, evaluate_all
+    from engine.runtime.plan import memory_limits
+
+    names = input_names(meta)
+    chosen = range(len(meta.inputs)) if indices is None else indices
+    needs: list[tuple[int, str, "TensorSignature"]] = []
+    for i in chosen:
+        sig = meta.inputs[i]
+        culprit = _symbol_culprit(env, [s for s in meta.symbols if s in sig.symbols], sources)
+        try:
+            shape = evaluate_all(sig.shape, env)
+        except ExprError:
+            raise InputError(f"{culprit}: input {names[i]!r} ({sig.dtype.name}{sig.shape_str()}) would have a "
+                             f"dimension beyond int64 at this value; give a smaller value") from None
+        if any(d < 0 for d in shape):
+            raise InputError(f"{culprit}: input {names[i]!r} ({sig.dtype.name}{sig.shape_str()}) would have a "
+                             f"negative dimension {list(shape)}")
+        needs.append((math.prod(shape) * sig.dtype.nbytes, names[i], sig))
+    if not needs:
+        return
+    limit = memory_limits({"cpu": Device.parse("cpu")}, {"cpu"}, os.environ)["cpu"]
+    total = sum(n for n, _, _ in needs)
+    if total <= limit.nbytes:
+        return
+    nbytes, name, sig = max(needs, key=lambda t: t[0])
+    culprit = _symbol_culprit(env, [s for s in meta.symbols if s in sig.symbols], sources)
+    size = f"{nbytes} bytes ({format_size(nbytes)})" if nbytes < 2**80 else "more than 2**80 bytes"
+    others = f"; {format_size(total)} for all {len(needs)} inputs" if len(needs) > 1 else ""
+    raise InputError(f"{culprit}: input {name!r} ({sig.dtype.name}{sig.shape_str()}) would need {size}{others}, "
+                     f"more than this machine's memory allows ({format_size(limit.nbytes)}: {limit.source}); "
+                     f"give a smaller value")
+
+
+def largest_key(values: dict[str, list[int]], symbols: Sequence[str]) -> dict[str, int]:
+    """The key of a grid with every symbol at its largest value (its inputs are the largest)."""
+    return {s: max(values[s]) for s in symbols if s in values}
+
+
 def random_array(sig: "TensorSignature", env: dict[str, int], rng: np.random.Generator) -> np.ndarray:
     """Random data of the signature's dtype and shape: normal floats, small integers, fair booleans."""
     from engine.expr import evaluate_all
@@ -250,6 +329,7 @@ def make_inputs(graph: "CompiledGraph", input_texts: Sequence[str] | None, symbo
         raise UsageError(f"--random needs a value for symbol{'s' if len(unbound) > 1 else ''} "
                          f"{', '.join(repr(s) for s in unbound)}: add "
                          + " ".join(f"--symbol {s}=N" for s in unbound))
+    check_input_memory(meta, symbols, indices=[i for i in range(len(names)) if i not in given], sources=sources)
     rng = np.random.default_rng(seed)
     arrays: list[np.ndarray] = []
     made: list[str] = []

@@ -39,6 +39,14 @@ EXAMPLES = """examples:
 exit codes: 0 success, 1 a failed check or run, 2 bad usage."""
 
 
+def _seed(text: str) -> int:
+    """``--seed``: a non-negative integer (numpy's generators take no other), refused as bad usage."""
+    value = text.strip()
+    if not (value.isascii() and value.isdigit() and len(value) <= 19):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a non-negative integer such as 0 or 42")
+    return int(value)
+
+
 def _common_parents() -> dict[str, argparse.ArgumentParser]:
     debug = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: the option may come before or after the command without one overriding the other.
@@ -56,7 +64,7 @@ def _common_parents() -> dict[str, argparse.ArgumentParser]:
     group.add_argument("--random", action="store_true", help="random data for every input not given by --input")
     group.add_argument("-s", "--symbol", action="append", metavar="NAME=VALUE",
                        help="a symbol's value for --random inputs, e.g. batch=8 (repeat per symbol)")
-    group.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    group.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default 0)")
     return {"debug": debug, "json": json_opt, "device": device, "inputs": inputs}
 
 
@@ -73,9 +81,23 @@ class _ArgparseError(Exception):
         self.parser = parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from engine import __version__
+class _VersionAction(argparse.Action):
+    """``--version``: the plugins are looked up only when it is asked for (not at every parse)."""
 
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        from engine.cli.version import version_text
+
+        print(version_text(getattr(namespace, "registry", None)))
+        parser.exit()
+
+
+def build_parser(*, registry: "Registry | None" = None) -> argparse.ArgumentParser:
+    """The parser of every command; ``registry`` is the one ``--version`` lists (default: discovery)."""
     parser = _Parser(
         prog="engine",
         description="Inspect, verify, run, benchmark and tune compiled graphs (bundles) on CPU, CUDA, HIP and "
@@ -84,18 +106,39 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    parser.add_argument("--version", action="version", version=f"engine {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, dest="log_verbosity",
+                        help="show the engine's log on stderr (plugins, tuning, cache, workspaces); -vv for detail")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="show the versions of engine, its plugins (with their plugin API), Python and the "
+                             "platform, and exit")
+    parser.set_defaults(registry=registry)  # seen by --version while parsing
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     common = _common_parents()
     for name in COMMANDS:
         importlib.import_module(f"engine.cli.commands.{name}").register(sub, common)
+    _register_plugin_commands(sub, common)
     return parser
+
+
+def _register_plugin_commands(sub, common) -> None:
+    """Commands other distributions contribute (entry points in group ``engine.commands``, each a
+    module with the same ``register(sub, common)`` as the built-in ones; ``engine-onnx`` adds
+    ``convert``). A broken plugin command is left out rather than breaking the whole CLI."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="engine.commands"):
+        if ep.name in COMMANDS:
+            continue
+        try:
+            ep.load().register(sub, common)
+        except Exception as exc:  # noqa: BLE001 - one bad plugin must not take `engine --help` down
+            print(f"engine: warning: command {ep.name!r} from {ep.value} is unavailable: {exc}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None, *, registry: "Registry | None" = None) -> int:
     """Run the command line; returns the exit code. ``registry`` replaces the default plugin registry
     (for embedding and tests)."""
-    parser = build_parser()
+    parser = build_parser(registry=registry)
     try:
         args = parser.parse_args(argv)
     except _ArgparseError as exc:
@@ -106,6 +149,9 @@ def main(argv: Sequence[str] | None = None, *, registry: "Registry | None" = Non
         parser.print_help()
         return EXIT_USAGE
     debug = getattr(args, "debug", False)
+    from engine.log import enable_stderr
+
+    enable_stderr(args.log_verbosity)
     args.registry = registry
     from engine.errors import EngineError
 

@@ -13,7 +13,7 @@ import math
 import sys
 from typing import IO, Any, Sequence
 
-from engine.runtime.report import format_bytes
+from engine.runtime.report import format_bytes, format_ms
 
 __all__ = ["table", "format_bytes", "ms", "rate", "emit_json", "to_jsonable", "one_line", "plural", "key_text",
            "compress_values", "group_rows"]
@@ -39,11 +39,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: Se
 
 def ms(value: float) -> str:
     """Milliseconds with four significant decimals below 10 ms (``0.0123``), fewer above."""
-    if value < 10:
-        return f"{value:.4f}"
-    if value < 1000:
-        return f"{value:.2f}"
-    return f"{value:.0f}"
+    return format_ms(value)
 
 
 def rate(value: float | None) -> str:
@@ -79,15 +75,30 @@ def compress_values(values: Sequence[int]) -> str:
     return ", ".join(parts)
 
 
-def group_rows(items: Sequence[tuple[str, tuple]]) -> list[tuple[str, int, tuple]]:
-    """Consecutive items with equal values merged: ``[(label, value)]`` -> ``[("a .. c", count, value)]``."""
+def group_rows(items: Sequence[tuple[dict[str, int], tuple]]) -> list[tuple[str, int, tuple]]:
+    """Consecutive keys with equal values merged into one row: ``[(key, value)]`` -> ``[(label, count, value)]``.
+
+    Keys merge only when every symbol but the last is equal, and the label lists exactly the merged
+    values of the last one: ``batch=1, 8`` for two keys (never ``batch=1 .. batch=8``, which reads as
+    a range), ``batch=1..64`` only when every value in it was there, ``seq=128, batch=1..4``.
+    """
     out: list[tuple[str, int, tuple]] = []
-    start = 0
-    for i in range(1, len(items) + 1):
-        if i == len(items) or items[i][1] != items[start][1]:
-            label = items[start][0] if i - 1 == start else f"{items[start][0]} .. {items[i - 1][0]}"
-            out.append((label, i - start, items[start][1]))
-            start = i
+    i = 0
+    while i < len(items):
+        key, value = items[i]
+        names = list(key)
+        head = [(n, key[n]) for n in names[:-1]]
+        j = i + 1
+        while (j < len(items) and items[j][1] == value and list(items[j][0]) == names
+               and [(n, items[j][0][n]) for n in names[:-1]] == head):
+            j += 1
+        if not names:
+            label = key_text(key)
+        else:
+            last = compress_values([items[k][0][names[-1]] for k in range(i, j)])
+            label = ", ".join([f"{n}={v}" for n, v in head] + [f"{names[-1]}={last}"])
+        out.append((label, j - i, value))
+        i = j
     return out
 
 

@@ -102,19 +102,27 @@ def mlp_weights(d_in: int = 64, hidden: int = 128, classes: int = 10, seed: int 
 
 def build_mlp(*, d_in: int = 64, hidden: int = 128, classes: int = 10, seed: int = 0,
               weights: Mapping[str, np.ndarray] | None = None, registry: Registry | None = None,
-              device: str = "cpu", kernels: Mapping[str, ReferenceKernel] | None = None) -> GraphBuilder:
+              device: str = "cpu", kernels: Mapping[str, ReferenceKernel] | None = None,
+              io_device: str | None = None) -> GraphBuilder:
     """The classifier as a ``GraphBuilder`` (call ``.build()`` or ``.save(path)``) on one device kind.
 
     On the CPU the kernels are this module's C sources. On any other kind they are the ``mlp_*``
     reference kernels its backend supplies (``Backend.reference_kernels()``, in the device's own
     language): the same model through a third-party device with no kernel code in the core.
     ``kernels`` overrides both (the conformance suite passes the backend's reference kernels).
+
+    ``io_device`` (a kind, e.g. ``"cpu"``) puts the input and the output there instead, with builtin
+    copies to and from ``device`` around the model: ``build_mlp(device="cuda", io_device="cpu")`` takes
+    and returns host arrays and computes on the GPU. Such a bundle needs both kinds to load.
     """
     w = weights if weights is not None else mlp_weights(d_in, hidden, classes, seed)
     kind = Device.parse(device).kind
+    io_kind = Device.parse(io_device).kind if io_device is not None else kind
     b = GraphBuilder("mlp_classifier", registry=registry)
-    x = b.input("x", "float32", ["batch", d_in], device=kind)
+    x = b.input("x", "float32", ["batch", d_in], device=io_kind)
     w1, b1, w2, b2 = (b.weight(name, w[name], device=kind) for name in ("w1", "b1", "w2", "b2"))
+    if io_kind != kind:
+        x = b.copy(x, kind)
     kernel = _kernels(b, kind, kernels)
 
     mm1 = kernel("matmul_1", "mlp_matmul", K=d_in, N=hidden)
@@ -128,7 +136,7 @@ def build_mlp(*, d_in: int = 64, hidden: int = 128, classes: int = 10, seed: int
     (z,) = b.call(mm2, [h, w2], [("float32", ["batch", classes])], symbols=["batch"])
     (z,) = b.call(add2, [z, b2], [("float32", ["batch", classes])], symbols=["batch"], share_map={0: 0})
     (p,) = b.call(smax, [z], [("float32", ["batch", classes])], symbols=["batch"], workspace="batch * 4")
-    b.output(p, "probs")
+    b.output(p if io_kind == kind else b.copy(p, io_kind), "probs")
     return b
 
 

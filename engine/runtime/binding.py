@@ -17,7 +17,11 @@ from engine.errors import InputError
 from engine.hostptr import array_address
 from engine.tensor import Tensor, from_dlpack
 
-__all__ = ["InputBinder"]
+__all__ = ["InputBinder", "NativeSpec"]
+
+#: One input as the native run path checks it: (numpy dtype, accepts numpy arrays, rank,
+#: ((dim, constant), ...), ((dim, symbol index), ...)).
+NativeSpec = tuple[Any, bool, int, tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]
 
 
 class _InputSpec:
@@ -46,7 +50,18 @@ class InputBinder:
                            for i, sig in enumerate(meta.inputs))
         self.count = len(self.specs)
 
+    def native_specs(self) -> tuple[NativeSpec, ...]:
+        """Per input ``(numpy dtype, accepts numpy arrays, rank, const dims, symbol dims)``: what the
+        native run path (``engine.runtime.native``) checks numpy inputs against. It checks them the
+        same way and leaves every mismatch to ``bind``, so the errors are this module's."""
+        return tuple((s.np_dtype, s.on_cpu, s.rank, s.const_dims, s.sym_dims) for s in self.specs)
+
     def bind(self, inputs: Sequence[Any]) -> tuple[list[int], list[Any], tuple[int, ...]]:
+        if isinstance(inputs, (np.ndarray, Tensor)) or hasattr(inputs, "__dlpack__"):
+            # Iterating a single array would pass its rows as the inputs.
+            raise InputError(f"the graph takes a list of {self.count} inputs, got a single "
+                             f"{type(inputs).__name__}: pass [x]"
+                             + ("" if not self.specs else f" (expected: {', '.join(s.name for s in self.specs)})"))
         if len(inputs) != self.count:
             raise InputError(f"the graph takes {self.count} inputs, got {len(inputs)}"
                              + ("" if not self.specs else f" (expected: {', '.join(s.name for s in self.specs)})"))

@@ -3,8 +3,9 @@
 ``graph.capture(*example_inputs)`` makes sure the key is tuned, then builds a prepared run of its
 own (own workspaces, own output buffers, own copies of the inputs) and patches every address
 once. A replay is then only the kernel launches: on a backend that can record a run (a CUDA or HIP
-graph) the backend's ``capture`` records them; otherwise (the CPU, whose fused launches already
-run the whole plan in one native call) the launches themselves are the replay.
+graph) the backend's ``capture`` records them; otherwise (the CPU) the launches themselves are the
+replay: with the native run path (``engine.runtime.native``) one C call over the static buffers,
+else the fused native call(s).
 """
 
 from __future__ import annotations
@@ -32,32 +33,38 @@ class CapturedGraph:
     """A replayable run on static buffers (reference: hidet's ``cuda_graph()`` object).
 
     ``inputs`` and ``outputs`` are the static tensors: write new values into ``inputs`` (or pass
-    them to ``__call__``, which copies them in), ``replay()``, read ``outputs``. Every replay
-    overwrites the same output buffers. Replays are serialised by a lock (the buffers are shared);
-    the weights are those the graph had at capture time. Work is queued on the streams current in
-    the capturing thread (``replay(stream=...)`` may name another stream of a single-kind capture).
+    them to ``__call__``, which copies them in), ``replay()``, read ``outputs`` (which hold the
+    example inputs' results when ``capture`` returns). Every replay
+    overwrites the same output buffers. Replays are serialised by a lock (the buffers are shared).
+    A replay uses the graph's current weights: ``set_weights`` writes into the weight buffers the
+    capture points at where it can, and where a weight moved to a new buffer the next replay
+    prepares (and records) the launches again first. Work is queued on the streams current in the
+    capturing thread (``replay(stream=...)`` may name another stream of a single-kind capture).
     """
 
     def __init__(self, runtime: GraphRuntime, symbols: Sequence[str], key: tuple[int, ...], inputs: list[Tensor],
-                 outputs: list[Tensor], replay: Callable[[Any], None], method: str, streams: dict[str, object],
-                 keep: list[Any], recorded: Replayable | None = None):
+                 outputs: list[Tensor], bind: Callable[[], Binding], streams: dict[str, object], keep: list[Any]):
         self.runtime = runtime
         self.symbols = tuple(symbols)
         self.key = key
         self.inputs = inputs
         self.outputs = outputs
-        self.method = method  # "native launches" or the backend that recorded it
-        self._replay = replay
+        self._bind = bind
+        self._binding = bind()
         self._streams = streams
         self._keep = keep
-        self._recorded = recorded
         self._lock = threading.Lock()
+
+    @property
+    def method(self) -> str:
+        """``"native launches"``, or the backend that recorded the launches (``"cuda capture"``)."""
+        return self._binding.method
 
     def replay(self, stream: Any = None) -> None:
         """Run the captured work again, on ``stream`` (a recorded capture only; ``None``: the stream it
         was captured on). The outputs are then read after the work on that stream."""
         with self._lock:
-            self._replay(stream)
+            self._replay_locked(stream)
             if stream is not None:
                 for out in self.outputs:
                     out.storage.stream = stream
@@ -77,16 +84,22 @@ class CapturedGraph:
                 if static.nbytes and static.ptr != ptr:
                     kind = static.device.kind
                     devices.backends[kind].copy_device(static.ptr, ptr, static.nbytes, self._streams.get(kind))
-            self._replay(None)
+            self._replay_locked(None)
         return self.outputs[0] if len(self.outputs) == 1 else list(self.outputs)
+
+    def _replay_locked(self, stream: Any) -> None:
+        binding = self._binding
+        if binding.weights_version != self.runtime.weights_version and binding.replay is not _closed:
+            self._binding = self._bind()  # a weight moved to a new buffer: prepare (and record) again
+            binding.release()
+            binding = self._binding
+        binding.replay(stream)
 
     def close(self) -> None:
         """Release the recorded run and drop the static buffers; safe to call twice."""
         with self._lock:
-            self._replay = _closed
-            if self._recorded is not None:
-                self._recorded.close()
-                self._recorded = None
+            self._binding.release()
+            self._binding = Binding(_closed, self._binding.method, None, [], self._binding.weights_version)
             self._keep = []
             self.inputs, self.outputs = [], []
 
@@ -163,33 +176,74 @@ def capture_graph(graph: "CompiledGraph", example_inputs: Sequence[Any]) -> Capt
         if static.nbytes:
             kind = static.device.kind
             backends[kind].copy_device(static.ptr, ptrs[i], static.nbytes, streams[kind])
-    weights = runtime.require_weights()
     ctx = RunContext(runtime.contents, plan, devices, streams, workspaces)
-    run = PreparedRun(ctx, runtime.tasks, choices, weights)
     static_ptrs = [t.ptr for t in inputs]
-    run.patch(static_ptrs, out_storages)
     outputs = OutputWrapper(ctx).wrap(static_ptrs, inputs, out_storages)
+    kinds = set(plan.layout.kind) | {t.meta.device for t in runtime.tasks}
 
-    def native(stream: Any) -> None:
-        if stream is not None and stream not in streams.values():
+    def check_stream(stream: Any) -> None:
+        if stream not in streams.values():
             raise InputError("this capture replays its prepared launches, which are bound to the streams it was "
                              "captured on; replay() it without a stream, or capture on the stream you want")
-        run.launch()
 
-    replay: Callable[[Any], None] = native
-    method = "native launches"
-    keep: list[Any] = [run, workspaces, out_storages, weights]
-    recorded: Replayable | None = None
-    kinds = set(plan.layout.kind) | {t.meta.device for t in runtime.tasks}
-    if len(kinds) == 1:
-        (kind,) = kinds
-        try:
-            recorded = backends[kind].capture(run.launch, stream=streams[kind], device_index=index[kind])
-        except Unsupported:
-            pass
-        else:
-            default = streams[kind]
-            replay = lambda stream: recorded.replay(default if stream is None else stream)  # noqa: E731
-            method = f"{kind} capture"
-    devices.synchronize()
-    return CapturedGraph(runtime, graph.meta.symbols, key, inputs, outputs, replay, method, streams, keep, recorded)
+    def bind() -> Binding:
+        """Prepare (and, where the backend can, record) the launches over the static buffers and the
+        graph's current weight buffers; done again when ``set_weights`` moved a weight."""
+        version = runtime.weights_version
+        weights = runtime.require_weights()
+        run = PreparedRun(ctx, runtime.tasks, choices, weights,  # type: ignore[arg-type]  # the key is tuned
+                          native=runtime.native_run)
+        run.patch(static_ptrs, out_storages)
+
+        def launches(stream: Any) -> None:
+            if stream is not None:
+                check_stream(stream)
+            run.launch()
+
+        replay: Callable[[Any], None] = launches
+        if run.native is not None:
+            # The native run path's launches: replay() is one C call over the static buffers.
+            run.native.on_stream = check_stream
+            replay = run.native.launch
+        method = "native launches"
+        recorded: Replayable | None = None
+        if len(kinds) == 1:
+            (kind,) = kinds
+            try:
+                recorded = backends[kind].capture(run.launch, stream=streams[kind], device_index=index[kind])
+            except Unsupported:
+                pass
+            else:
+                default = streams[kind]
+                replay = lambda stream: recorded.replay(default if stream is None else stream)  # noqa: E731
+                method = f"{kind} capture"
+        devices.synchronize()
+        return Binding(replay, method, recorded, [run, weights], version)
+
+    keep: list[Any] = [workspaces, out_storages]
+    captured = CapturedGraph(runtime, graph.meta.symbols, key, inputs, outputs, bind, streams, keep)
+    # Recording runs nothing (a CUDA graph capture only records): one replay, so that the outputs
+    # hold the example inputs' results whichever way the launches were captured.
+    captured.replay()
+    return captured
+
+
+class Binding:
+    """One preparation of a capture's launches: how to replay them and what they point at."""
+
+    __slots__ = ("replay", "method", "recorded", "keep", "weights_version")
+
+    def __init__(self, replay: Callable[[Any], None], method: str, recorded: Replayable | None, keep: list[Any],
+                 weights_version: int):
+        self.replay = replay
+        self.method = method
+        self.recorded = recorded
+        self.keep = keep
+        self.weights_version = weights_version
+
+    def release(self) -> None:
+        """Free what the backend recorded (safe to call twice)."""
+        recorded, self.recorded = self.recorded, None
+        if recorded is not None:
+            recorded.close()
+        self.keep = []

@@ -12,10 +12,13 @@ it is process-global (DESIGN §6).
 from __future__ import annotations
 
 import itertools
+import mmap
+import os
+import pickle
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, cast
 
 import numpy as np
 
@@ -71,7 +74,7 @@ class CompiledGraph:
         self.last_tune_trace: Path | None = None
         self._lock = threading.RLock()
         self._hooks: list[ModelExecutionHook] = []
-        self.tuning = TuningOptions()
+        self.tuning = TuningOptions(write_traces=registry.settings.tuning_traces)
 
     @property
     def runtime(self) -> GraphRuntime:
@@ -142,9 +145,16 @@ class CompiledGraph:
         Work on GPU devices is queued on the current stream (hence *async*); CPU work is done when
         this returns. ``outputs=`` supplies output buffers instead of fresh ones.
         """
-        ptrs, keep, key = self._binder.bind(inputs)
         runtime = self._runtime
         lane = getattr(runtime.local, "lane", None)
+        if lane is not None and lane.native is not None and lane.generation == runtime.generation:
+            # The native run path (engine.runtime.native): the whole run in one C call, or None
+            # whenever anything is not the plain case (then the Python path below does it all).
+            result = lane.native.run(inputs, outputs)
+            if result is not None:
+                lane.counters.fast_runs += 1
+                return [t.torch() for t in result] if output_to_torch_tensor else result
+        ptrs, keep, key = self._binder.bind(inputs)
         if lane is None or lane.generation != runtime.generation:
             lane = runtime.new_lane()
         if runtime.devices.stream_kinds:
@@ -181,8 +191,9 @@ class CompiledGraph:
                     return self._interpret(lane, plan, choices, ptrs, keep, out_storages)
                 choices = list(row)
         if not self._hooks:
-            run = PreparedRun(runtime.context(plan, lane), self._tasks, choices, weights)
-            lane.runs[key] = run
+            run = PreparedRun(runtime.context(plan, lane), self._tasks, choices,  # type: ignore[arg-type]  # all set
+                              weights, native=runtime.native_run)
+            runtime.add_run(lane, key, run)
             lane.counters.prepared += 1
             return run.run(ptrs, keep, out_storages)
         return self._interpret(lane, plan, choices, ptrs, keep, out_storages)
@@ -247,7 +258,7 @@ class CompiledGraph:
                                      + ("" if out.flags.c_contiguous else " (not C-contiguous)"))
                 if not out.flags.writeable:
                     raise InputError(f"outputs[{k}]: the buffer is read-only")
-                host = memoryview(out.reshape(-1).view(np.uint8))
+                host = out.reshape(-1).view(np.uint8).data
                 storages[ref] = ExternalStorage(devices["cpu"], array_address(out), out.nbytes, owner=out,
                                                 host_view=host)
                 continue
@@ -321,7 +332,7 @@ class CompiledGraph:
 
     def _zero_inputs(self, plan: KeyPlan, lane: Lane) -> list[Tensor]:
         devices = self._runtime.devices
-        out = []
+        out: list[Tensor] = []
         for i, sig in enumerate(self.meta.inputs):
             backend = devices.backends[sig.device]
             stream = lane.streams.get(sig.device)
@@ -446,7 +457,7 @@ class CompiledGraph:
     # -- saving and pickling -------------------------------------------------------------------
     def _members(self, *, save_dispatch_table: bool, save_weights: bool) -> dict[str, Any]:
         c = self._contents
-        binaries = {}
+        binaries: dict[str, _archive.MemberData] = {}
         for k, kernel in enumerate(c.kernels):
             for cand in kernel.candidates:
                 for b in cand.binaries:
@@ -468,10 +479,10 @@ class CompiledGraph:
                               graph_string=c.graph_string)
 
     def save(self, path: str | Path, *, save_dispatch_table: bool = False, save_weights: bool = True,
-             form: str | None = None) -> None:
+             form: Literal["zip", "dir"] | None = None) -> None:
         """Write the bundle atomically (``.cgb`` zip, or a directory when ``form="dir"``)."""
         target = Path(path)
-        chosen = form or ("dir" if target.is_dir() else "zip")
+        chosen: Literal["zip", "dir"] = form or ("dir" if target.is_dir() else "zip")
         _archive.write_bundle(target, self._members(save_dispatch_table=save_dispatch_table,
                                                     save_weights=save_weights),
                               engine_version=ENGINE_VERSION, form=chosen)
@@ -481,12 +492,17 @@ class CompiledGraph:
         return _archive.bundle_to_bytes(self._members(save_dispatch_table=True, save_weights=True),
                                         engine_version=ENGINE_VERSION)
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         device = None
         non_cpu = [d for k, d in self.devices.items() if k != "cpu"]
         if non_cpu:
             device = str(non_cpu[0])
-        return (_load_from_bytes, (self.to_bytes(), device))
+        data: Any = self.to_bytes()
+        if isinstance(protocol, int) and protocol >= 5:
+            # Out-of-band where the pickler takes buffers (Ray's object store, multiprocessing with
+            # buffer_callback): the receiver maps the weights from the shared buffer, no heap copy.
+            data = pickle.PickleBuffer(data)
+        return (_load_from_bytes, (data, device))
 
     def close(self) -> None:
         """Drop prepared runs and workspaces of the calling thread and the bundle's file handle."""
@@ -550,19 +566,44 @@ def _as_tensor(value: Any) -> Tensor:
     raise InputError(f"outputs=: expected engine Tensors, numpy arrays or DLPack tensors, got {type(value).__name__}")
 
 
-def _load_from_bytes(data: bytes, device: str | None) -> CompiledGraph:
+def _load_from_bytes(data: Any, device: str | None) -> CompiledGraph:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        data = memoryview(data)  # an out-of-band pickle buffer
     return CompiledGraph(read_bundle(data), device=device)
 
 
-def load_compiled_graph(path: str | Path | bytes, device: str | Device | None = None, *,
+def _bundle_source(path: object) -> str | os.PathLike[str] | bytes | bytearray | memoryview:
+    """``path`` as ``read_bundle`` takes it: a path, or any object exporting a buffer (bytes, a
+    memoryview, a numpy uint8 array, an ``mmap``), used in place."""
+    if isinstance(path, (str, os.PathLike, bytes, bytearray, memoryview)):
+        return path
+    try:
+        view = memoryview(path)  # type: ignore[arg-type]  # any object: a TypeError says it is no buffer
+    except TypeError:
+        raise InputError(f"load_compiled_graph: expected a bundle path, a directory or a buffer (bytes, "
+                         f"memoryview, numpy uint8 array), got {type(path).__name__}") from None
+    if not view.c_contiguous:
+        raise InputError("load_compiled_graph: the bundle buffer must be contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+#: What ``load_compiled_graph`` reads a bundle from: a ``.cgb`` file or directory, or a buffer holding one.
+BundleSource = str | os.PathLike[str] | bytes | bytearray | memoryview | np.ndarray | mmap.mmap
+
+
+def load_compiled_graph(path: BundleSource, device: str | Device | None = None, *,
                         registry: Registry | None = None, verify_weights: bool = False,
                         dispatch_policy: str | None = None) -> CompiledGraph:
-    """Load a bundle (``.cgb`` file, directory, or bytes). Bundles contain native code: loading runs it.
+    """Load a bundle (``.cgb`` file, directory, or a buffer holding one). Bundles contain native
+    code: loading runs it.
 
-    The dispatch table is the bundle's rows, then the rows cached under the registry's
-    ``cache_dir`` for keys the bundle lacks. ``dispatch_policy`` overrides ``ENGINE_DISPATCH_POLICY``.
+    A buffer (bytes, memoryview, numpy uint8 array, mmap) is read in place: the weights are views
+    of it, so a read-only buffer shared between processes (an ``mmap``, Ray's object store) is one
+    copy however many graphs load it. The dispatch table is the bundle's rows, then the rows cached
+    under the registry's ``cache_dir`` for keys the bundle lacks. ``dispatch_policy`` overrides
+    ``ENGINE_DISPATCH_POLICY``.
     """
-    contents = read_bundle(path)
+    contents = read_bundle(_bundle_source(path))
     try:
         if verify_weights:
             bad = contents.archive.verify([n for n in ("weights.bin", "weights.npz") if n in contents.archive])

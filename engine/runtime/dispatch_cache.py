@@ -18,7 +18,11 @@ Several processes may tune the same bundle at once. Each write therefore
 A file that cannot be parsed (truncated, garbled, another graph's header, an index out of range)
 is reported once per graph with a ``DispatchCacheWarning`` naming the file and line, and ignored:
 its keys are tuned again, and the next write replaces it with a valid table. A cache directory
-that cannot be written is also reported once; tuning still works, it is just not kept.
+that cannot be written is also reported once; tuning still works, it is just not kept. A
+*read-only* one (read-only file system or home, no permission: a deployment choice, see
+``engine.cache.read_only_cache``) is said once in the
+``engine.cache`` log instead of a warning. Loading touches the file (its last use, which the
+cache's size cap evicts by) and storing reports its size to ``engine.cache``.
 """
 
 from __future__ import annotations
@@ -33,12 +37,16 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from engine.bundle.dispatch_text import format_dispatch_table, parse_dispatch_table
+from engine.cache import note_write, read_only_cache, report_read_only, touch
 from engine.errors import BundleError
+from engine.log import get_logger
 
 __all__ = ["DispatchCache", "DispatchCacheWarning", "file_lock", "atomic_write_text"]
 
 Key = tuple[int, ...]
 Choice = tuple[int, ...]
+
+log = get_logger("engine.runtime.dispatch_cache")
 
 
 class DispatchCacheWarning(RuntimeWarning):
@@ -131,7 +139,8 @@ class DispatchCache:
         # The choice that is fastest depends on the device as much as on the bundle: rows tuned on one
         # GPU model (or CPU) must not be served on another, so the file name carries both.
         stem = f"{identity}.{device_tag}" if device_tag else identity
-        self.directory = Path(cache_dir) / "dispatch"
+        self.cache_dir = Path(cache_dir)
+        self.directory = self.cache_dir / "dispatch"
         self.path = self.directory / f"{stem}.txt"
         self.lock_path = self.directory / f"{stem}.txt.lock"
         self.symbols = tuple(symbols)
@@ -178,6 +187,9 @@ class DispatchCache:
         rows, problem = self._read()
         if problem is not None:
             self.report(problem)
+        elif rows:
+            touch(self.path)
+            log.debug("dispatch cache %s: %d rows loaded", self.path, len(rows))
         return rows
 
     # -- writing -------------------------------------------------------------------------------
@@ -200,11 +212,16 @@ class DispatchCache:
                 # No fsync: readers only ever see a whole file (rename), and after a crash the
                 # worst case is a lost or unreadable cache, which is reported and retuned. An
                 # fsync per tuned key would cost more than tuning a small kernel (issue 4).
-                atomic_write_text(self.path, format_dispatch_table(self.symbols, current), fsync=False)
-            return current
+                text = format_dispatch_table(self.symbols, current)
+                atomic_write_text(self.path, text, fsync=False)
         except OSError as exc:
-            self.report(f"dispatch cache {self.path} cannot be written ({exc}); tuned rows are kept in memory only")
+            if read_only_cache(exc, self.cache_dir):
+                report_read_only(self.cache_dir, exc)
+            else:
+                self.report(f"dispatch cache {self.path} cannot be written ({exc}); tuned rows are kept in memory only")
             return dict(rows)
+        note_write(self.path, len(text), root=self.cache_dir)
+        return current
 
     def _remove_abandoned_temporaries(self) -> None:
         """Delete temporaries of writers that died mid-write (call with the file lock held).

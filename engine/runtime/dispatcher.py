@@ -9,6 +9,7 @@ graph (``tuning_lock``), so that timings are not disturbed by another thread tun
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import attrs
 
+from engine.log import get_logger
 from engine.runtime.dispatch import DispatchTable
 from engine.runtime.dispatch_cache import DispatchCache
 from engine.runtime.trace import TraceRecorder, session_trace, trace_file_name, write_trace
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["Dispatcher", "TuneBatch"]
 
 Key = tuple[int, ...]
+
+log = get_logger("engine.runtime.tuning")
 
 
 class TuneBatch:
@@ -121,6 +125,10 @@ class Dispatcher:
                      start: float, *, batch: TuneBatch | None = None) -> None:
         """Keep a tuned row: in the table, the tuning log, the cache file and its trace (or in ``batch``)."""
         self.table.record(key, choice, source="tuned")
+        if log.isEnabledFor(logging.INFO):
+            log.info("tuned %s at %s: chose candidates %s (%s)", self._identity[:16],
+                     dict(zip(self._symbols, key)), list(choice),
+                     "; ".join(f"task {t.task}: medians {[round(m, 4) for m in t.medians_ms]} ms" for t in timings))
         with self._lock:
             self._log[key] = timings
             replaced = self._policy_choices.pop(key, None) is not None

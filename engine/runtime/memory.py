@@ -65,7 +65,7 @@ import attrs
 import numpy as np
 
 try:  # the compiled passes (``_planner.c``); optional, the numpy and Python passes give the same plans
-    from engine.runtime import _planner as _native
+    from engine.runtime import _planner as _native  # type: ignore[attr-defined]  # a C extension, no stub
 except ImportError:  # pragma: no cover - an install without a C compiler
     _native = None
 
@@ -190,10 +190,10 @@ def live_peak(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray) -> int:
             delta[s] += z
             delta[e + 1] -= z
         return max(itertools.accumulate(delta))
-    delta = np.zeros(int(ends.max()) + 2, np.int64)
-    np.add.at(delta, starts, sizes)
-    np.add.at(delta, ends + 1, -sizes)
-    return int(np.cumsum(delta).max())
+    steps = np.zeros(int(ends.max()) + 2, np.int64)
+    np.add.at(steps, starts, sizes)
+    np.add.at(steps, ends + 1, -sizes)
+    return int(np.cumsum(steps).max())
 
 
 def plan_blocks(starts: Sequence[int], ends: Sequence[int], sizes: Sequence[int], bound: int | None = None,

@@ -43,7 +43,7 @@ from engine.runtime.memory import (Interference, ReplayTemplate, SizeError, live
                                    tie_ranks, total_bytes)
 
 try:  # a key's sizes in one compiled call (``_planner.c``); optional, numpy below gives the same
-    from engine.runtime import _planner as _native
+    from engine.runtime import _planner as _native  # type: ignore[attr-defined]  # a C extension, no stub
 except ImportError:  # pragma: no cover - an install without a C compiler
     _native = None
 
@@ -240,7 +240,7 @@ class KeyPlan:
     @property
     def scratch(self) -> tuple[tuple[str, int, int] | None, ...]:
         """Per instruction, ``(kind, offset, nbytes)`` of the kernel's scratch, or None (for inspection)."""
-        return tuple(None if n == 0 else (k, off, n) for k, off, n in
+        return tuple(None if n == 0 else (k, off, n) for k, off, n in  # type: ignore[misc]  # kind set where n > 0
                      zip(self.layout.scratch_kind, self.scratch_offsets.tolist(), self.scratch_nbytes.tolist()))
 
 
@@ -440,7 +440,7 @@ class GraphPlanner:
             kb.starts_list.append(pos)
             kb.ends_list.append(pos)
             kb.size_src.append(n_sizes + ins.task_idx)  # type: ignore[union-attr]
-            kb.scratch_pos.append(pos)
+            kb.scratch_pos.append(pos)  # type: ignore[union-attr]  # a list until freeze()
         # Where every tensor lives (the same at every key), and each kind's tensors with their blocks.
         self.kind_order = tuple(sorted(self.kinds))
         static_places = list(pool_id)
@@ -464,7 +464,7 @@ class GraphPlanner:
             self.kinds[kind].freeze(tensors, blocks)
         scratch_kind: list[str | None] = [None] * len(ex.instructions)
         for kind in self.kind_order:
-            for pos in self.kinds[kind].scratch_pos.tolist():
+            for pos in self.kinds[kind].scratch_pos.tolist():  # type: ignore[union-attr]  # an array after freeze()
                 scratch_kind[pos] = kind
         weights = [(t, i) for t, (w, i) in enumerate(zip(where_t, index_t)) if w == WEIGHT]
         self.layout = PlanLayout(

@@ -7,6 +7,11 @@ addresses into the argument arrays that mention them, and makes the calls.
 
 A fresh output that cannot be allocated is an ``OutOfMemoryError`` naming the output and the key
 (``output_purpose``); the ``try`` around the allocations costs nothing when they succeed.
+
+Where every launch has a native form (``native_launch``) and every output is a plain fresh buffer,
+the run is also compiled into a ``KeyRun`` (``engine.runtime.native``), over the same argument
+arrays: ``run`` and ``launch`` then delegate to it, and the lane runs numpy inputs through it
+without entering Python at all.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 from engine.backend import BackendBase, LaunchDims
 from engine.errors import KernelError, OutOfMemoryError
 from engine.expr import ExprError
+from engine.runtime.native import MAX_COUNT, external_storage_factory, key_run
 from engine.runtime.context import RunContext
 from engine.runtime.plan import INPUT, OUTPUT, KeyPlan, device_text, key_text
 from engine.runtime.tasks import CompiledTask, CopyLaunch
@@ -101,10 +107,10 @@ def prepare_instruction(ctx: RunContext, task: CompiledTask, pos: int, choice: i
     if task.is_copy:
         src_kind, dst_kind = ex.tensor_device[ins.inputs[0]], ex.tensor_device[ins.outputs[0]]
         index = ctx.devices.index
-        launch = CopyLaunch(task.name, ctx.backend(src_kind), ctx.backend(dst_kind), ptrs[0], ptrs[1],
-                            plan.nbytes[ins.inputs[0]], ctx.streams.get(src_kind), ctx.streams.get(dst_kind),
-                            index[src_kind])
-        return launch, None
+        copy = CopyLaunch(task.name, ctx.backend(src_kind), ctx.backend(dst_kind), ptrs[0], ptrs[1],
+                          plan.nbytes[ins.inputs[0]], ctx.streams.get(src_kind), ctx.streams.get(dst_kind),
+                          index[src_kind])
+        return copy, None
     nbytes = plan.scratch_nbytes[pos]
     kind = plan.layout.scratch_kind[pos]
     scratch = ctx.workspaces[kind].ptr_at(int(plan.scratch_offsets[pos])) if nbytes and kind is not None else None
@@ -118,16 +124,19 @@ class PreparedRun:
     """One key, one thread: bound launches plus the patch lists for inputs and outputs."""
 
     __slots__ = ("plan", "calls", "launch_of_call", "input_patches", "slot_patches", "slot_alloc", "wrap_outputs",
-                 "_contents", "_devices", "_keep")
+                 "native", "_contents", "_devices", "_keep")
 
     def __init__(self, ctx: RunContext, tasks: Sequence[CompiledTask], choices: Sequence[int],
-                 weights: Sequence[Tensor]):
+                 weights: Sequence[Tensor], *, native: bool = False):
         plan = ctx.plan
         ex = ctx.contents.execution
         static = resolve_static_pointers(ctx, weights)
         layout_where, layout_index = plan.layout.where, plan.layout.index
         input_patches: list[list[tuple[Callable[[int, int], None], int]]] = [[] for _ in ex.inputs_index]
         slot_patches: list[list[tuple[Callable[[int, int], None], int]]] = [[] for _ in plan.output_slots]
+        # The same patches as (launch position, argument), for the native form of this run.
+        input_args: list[list[tuple[int, int]]] = [[] for _ in ex.inputs_index]
+        slot_args: list[list[tuple[int, int]]] = [[] for _ in plan.output_slots]
         launches = []
         groups: list[tuple[BackendBase | None, list[Any]]] = []
         for pos, ins in enumerate(ex.instructions):
@@ -138,8 +147,10 @@ class PreparedRun:
                 where, index = layout_where[t], layout_index[t]
                 if where == INPUT:
                     input_patches[index].append((launch.set_tensor, a))
+                    input_args[index].append((pos, a))
                 elif where == OUTPUT:
                     slot_patches[index].append((launch.set_tensor, a))
+                    slot_args[index].append((pos, a))
             launches.append(launch)
             if groups and backend is not None and groups[-1][0] is backend:
                 groups[-1][1].append(launch)
@@ -164,16 +175,22 @@ class PreparedRun:
         self.launch_of_call = launch_of_call
         self.input_patches = tuple(tuple(p) for p in input_patches)
         self.slot_patches = tuple(tuple(p) for p in slot_patches)
-        backends, index = ctx.devices.backends, ctx.devices.index
-        self.slot_alloc = tuple(backends[s.kind].prepare_allocation(s.nbytes, index[s.kind], ctx.streams.get(s.kind))
+        backends, indices = ctx.devices.backends, ctx.devices.index
+        self.slot_alloc = tuple(backends[s.kind].prepare_allocation(s.nbytes, indices[s.kind],
+                                                                     ctx.streams.get(s.kind))
                                 for s in plan.output_slots)
         self.wrap_outputs = OutputWrapper(ctx).wrap
         self._contents = ctx.contents
         self._devices = ctx.devices.devices
         self._keep = keep
+        #: The compiled form of this run (``engine.runtime.native``), or None: the Python path below.
+        self.native = _native_run(ctx, launches, input_args, slot_args, self.slot_alloc) if native else None
 
     def run(self, input_ptrs: Sequence[Any], inputs: Sequence[Any],
             out_storages: Sequence[Storage] | None = None) -> list[Tensor]:
+        native = self.native
+        if native is not None:
+            return native.run_bound(input_ptrs, out_storages, self._raise_out_of_memory)
         # patch() and launch() inlined: this is the per-run path (issue 2 budget: 10 µs per run).
         for patches, ptr in zip(self.input_patches, input_ptrs):
             for set_tensor, a in patches:
@@ -203,6 +220,12 @@ class PreparedRun:
         return OutOfMemoryError.from_error(exc, spec.nbytes, device_text(self._devices[spec.kind]),
                                            output_purpose(self._contents, self.plan, slot))
 
+    def _raise_out_of_memory(self, exc: MemoryError, slot: int) -> None:
+        """The native form's report of output ``slot`` failing to allocate."""
+        spec = self.plan.output_slots[slot]
+        raise OutOfMemoryError.from_error(exc, spec.nbytes, device_text(self._devices[spec.kind]),
+                                          output_purpose(self._contents, self.plan, slot)) from exc
+
     def patch(self, input_ptrs: Sequence[Any], out_storages: Sequence[Storage]) -> None:
         """Point every launch at these inputs and outputs (a captured graph does it once)."""
         for patches, ptr in zip(self.input_patches, input_ptrs):
@@ -214,6 +237,9 @@ class PreparedRun:
 
     def launch(self) -> None:
         """Make every call with the addresses last patched; ``KernelError`` on a failing kernel."""
+        if self.native is not None:
+            self.native.launch()
+            return
         for call in self.calls:
             code = call()
             if code:
@@ -227,6 +253,30 @@ class PreparedRun:
             code = fused.code()
         target.fail(code)
         raise KernelError(f"launch failed with code {code}")  # fail() must raise; this is a safety net
+
+
+def _native_run(ctx: RunContext, launches: Sequence[Any], input_args: Sequence[Sequence[tuple[int, int]]],
+                slot_args: Sequence[Sequence[tuple[int, int]]], slot_alloc: Sequence[Callable[[], Storage]]
+                ) -> Any | None:
+    """The ``KeyRun`` of this prepared run, or None where a piece has no native form: a launch
+    without ``native_launch``, an output that is an input or a copy of one, or slots shared by
+    several outputs (those keep the Python path, chosen here once per prepared plan)."""
+    plan = ctx.plan
+    meta = ctx.contents.meta
+    refs = [ref for what, ref in plan.outputs if what == "slot"]
+    if (len(refs) != len(plan.outputs) or sorted(refs) != list(range(len(plan.output_slots)))
+            or any(s.kind != "cpu" for s in plan.output_slots)):
+        return None
+    if max(len(meta.inputs), len(meta.outputs), len(meta.symbols),
+           *(len(sig.shape) for sig in (*meta.inputs, *meta.outputs))) > MAX_COUNT:
+        return None
+    ex = ctx.contents.execution
+    slots: list[tuple[Any, ...]] = [()] * len(plan.output_slots)
+    external = external_storage_factory(ctx.devices.devices["cpu"])
+    for k, ref in enumerate(refs):
+        dtype = meta.outputs[k].dtype
+        slots[ref] = (slot_alloc[ref], external, dtype, tuple(plan.shapes[ex.outputs_index[k]]), dtype.numpy)
+    return key_run(launches, input_args, slot_args, slots, refs, Tensor, ctx.devices.registry)
 
 
 class OutputWrapper:

@@ -20,7 +20,7 @@ from engine.runtime.plan import KeyPlan
 from engine.runtime.tasks import CompiledTask
 from engine.runtime.tuning import CandidateTiming
 
-__all__ = ["Profile", "ProfileRow", "ProfileRecorder"]
+__all__ = ["Profile", "ProfileRow", "ProfileRecorder", "render_profile"]
 
 Shape = tuple[int, ...]
 
@@ -81,28 +81,40 @@ class Profile:
         }
 
     def __str__(self) -> str:
-        total = self.total_ms
-        header = ["#", "kernel", "cand", "entry", "device", "inputs", "outputs", "median ms", "min ms", "share"]
-        body = []
-        for r in self.rows:
-            share = f"{100 * r.median_ms / total:.1f}%" if total > 0 else "-"
-            body.append([str(r.instruction), r.kernel, str(r.candidate), r.entry, r.device,
-                         " ".join(_shape(s) for s in r.input_shapes), " ".join(_shape(s) for s in r.output_shapes),
-                         f"{r.median_ms:.4f}", f"{r.min_ms:.4f}", share])
-        body.append(["", "total", "", "", "", "", "", f"{total:.4f}", f"{sum(r.min_ms for r in self.rows):.4f}",
-                     "100.0%" if total > 0 else "-"])
-        numeric = {0, 2, 7, 8, 9}
-        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+        return render_profile(self.to_json(), subject="profile")
 
-        def line(cells: Sequence[str]) -> str:
-            return "  ".join(c.rjust(w) if i in numeric else c.ljust(w)
-                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
-        key = ", ".join(f"{s}={v}" for s, v in zip(self.symbols, self.key)) or "static"
-        lines = [f"profile at {key}: median of {self.repeat} calls per instruction after {self.warmup} warmup",
-                 line(header), "  ".join("-" * w for w in widths)]
-        lines.extend(line(row) for row in body)
-        return "\n".join(lines)
+def render_profile(doc: Mapping[str, Any], *, subject: str) -> str:
+    """The one text view of a profile, from its JSON form: ``print(graph.profile(...))`` and ``engine
+    profile`` (whose document holds the same ``rows``, ``total_ms``, ``warmup`` and ``repeat``, and the
+    key as ``symbols``) print the same table. ``subject`` starts the first line (``"profile"``)."""
+    from engine.runtime.report import format_ms
+
+    rows: Sequence[Mapping[str, Any]] = doc["rows"]
+    total = float(doc["total_ms"])
+    header = ["#", "kernel", "candidate", "device", "inputs", "outputs", "median ms", "min ms", "share"]
+    body = []
+    for r in rows:
+        share = f"{100 * r['median_ms'] / total:.1f}%" if total > 0 else "-"
+        body.append([str(r["instruction"]), str(r["kernel"]), f"{r['candidate']}:{r['entry']}",
+                     str(r.get("device", "-")),
+                     " ".join(_shape(tuple(s)) for s in r["input_shapes"]),
+                     " ".join(_shape(tuple(s)) for s in r["output_shapes"]),
+                     format_ms(r["median_ms"]), format_ms(r["min_ms"]), share])
+    right = {0, 6, 7, 8}
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        cols = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(cols).rstrip()
+
+    key = doc.get("symbols", doc.get("key")) or {}
+    at = ", ".join(f"{s}={v}" for s, v in key.items()) or "the static shapes"
+    lines = [f"{subject} at {at}: median of {doc['repeat']} calls per kernel after {doc['warmup']} warmup",
+             line(header), line(["-" * w for w in widths])]
+    lines.extend(line(row) for row in body)
+    lines.append(f"total: {format_ms(total)} ms (sum of the kernels' medians, without the engine around them)")
+    return "\n".join(lines)
 
 
 class ProfileRecorder:

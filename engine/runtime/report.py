@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from engine.runtime.compiled_graph import CompiledGraph
     from engine.runtime.runtime import GraphRuntime
 
-__all__ = ["graph_table", "memory_report", "SlotMemory", "MemoryReport", "format_bytes"]
+__all__ = ["graph_table", "memory_report", "SlotMemory", "MemoryReport", "format_bytes", "format_ms"]
 
 def format_bytes(n: int) -> str:
     """``37.5 KiB``; exact below 1 KiB. The one byte formatter of the engine and its CLI."""
@@ -20,6 +20,16 @@ def format_bytes(n: int) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n} B"
+
+
+def format_ms(value: float) -> str:
+    """Milliseconds with four decimals below 10 ms (``0.0123``), fewer above: the one time formatter of
+    the engine's tables and its CLI (``engine.cli.render.ms``)."""
+    if value < 10:
+        return f"{value:.4f}"
+    if value < 1000:
+        return f"{value:.2f}"
+    return f"{value:.0f}"
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:

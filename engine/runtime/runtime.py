@@ -4,7 +4,8 @@
 each with one owner:
 
 * the devices (``DeviceSet``: one backend and device per kind) and the loaded tasks;
-* the weights, replaced whole by ``set_weights`` (a new *generation*: prepared runs are rebuilt);
+* the weights, replaced by ``set_weights`` (in place where the buffers are writable; a new
+  *generation*: prepared runs are rebuilt);
 * the memory plans per key (one ``GraphPlanner`` per graph, plans shared by every thread);
 * the *lanes*: per (thread, streams) workspaces and prepared runs, in a ``threading.local``, and
   the run counters that outlive their threads.
@@ -25,6 +26,7 @@ import attrs
 from engine.device import Device
 from engine.errors import DeviceUnavailableError, InputError, OutOfMemoryError, PluginError
 from engine.plugins import Registry
+from engine.runtime import native
 from engine.runtime.binding import InputBinder
 from engine.runtime.context import DeviceSet, RunContext
 from engine.runtime.plan import GraphPlanner, KeyPlan, MemoryLimit, device_text, key_text, memory_limits
@@ -66,7 +68,7 @@ class RunCounters:
 class Lane:
     """What one thread owns on one set of streams: its streams, workspaces and prepared runs."""
 
-    __slots__ = ("generation", "runs", "workspaces", "streams", "stream_key", "counters", "__weakref__")
+    __slots__ = ("generation", "runs", "workspaces", "streams", "stream_key", "counters", "native", "__weakref__")
 
     def __init__(self, generation: int, streams: dict[str, object], counters: RunCounters,
                  stream_key: tuple[object, ...] = ()):
@@ -76,6 +78,9 @@ class Lane:
         self.streams = streams
         self.stream_key = stream_key
         self.counters = counters
+        #: The native form of ``runs`` (``engine.runtime.native``'s ``NativeLane``), made with the
+        #: first prepared run that has one; None: every run takes the Python path.
+        self.native: Any = None
 
 
 def open_devices(contents: "BundleContents", registry: Registry, device: str | Device | None) -> tuple[DeviceSet, str]:
@@ -117,8 +122,15 @@ class GraphRuntime:
         #: after what is pending on their streams (``order_inputs``). Empty for host-only graphs.
         self.device_inputs = tuple((i, sig.device) for i, sig in enumerate(contents.meta.inputs)
                                    if not devices.backends[sig.device].host_accessible)
+        #: Whether prepared runs are also compiled for the native run path (``engine.runtime.native``):
+        #: on when the switch is (``Settings.native_run``), the extension is usable and no device of
+        #: the graph has streams or memory of its own (there the Python path orders the work).
+        self.native_run = (devices.registry.settings.native_run and native.unavailable() is None
+                           and not devices.stream_kinds and not self.device_inputs)
         #: Bumped whenever prepared runs must be rebuilt (new weights, new choices, hooks).
         self.generation = 0
+        #: Bumped when a weight moves to another buffer (captures bound to the old ones re-bind).
+        self.weights_version = 0
         self._plans: dict[tuple[int, ...], KeyPlan] = {}
         self._planner: GraphPlanner | None = None
         self._lock = threading.RLock()
@@ -137,9 +149,28 @@ class GraphRuntime:
         return self._weights
 
     def replace_weights(self, weights: list[Tensor]) -> None:
-        self.devices.synchronize()  # the new weights' uploads are done before any run sees them
+        """Make ``weights`` the graph's weights: written into the current weight buffers where those
+        are the engine's and writable (device copies, earlier ``set_weights``), so prepared launches
+        and recorded captures that point at them see the new values; new buffers otherwise (the
+        read-only mapped bundle), which bumps ``weights_version`` so captures re-bind."""
+        devices = self.devices
+        devices.synchronize()  # no run still reads the old values; the new ones are uploaded
         with self._lock:
-            self._weights = weights
+            current = self._weights
+            merged: list[Tensor] = []
+            for j, new in enumerate(weights):
+                old = current[j] if current is not None else None
+                if old is None or old.storage.readonly or old.device != new.device or old.nbytes != new.nbytes:
+                    merged.append(new)
+                    continue
+                if new.nbytes:
+                    backend = devices.backends[new.device.kind]
+                    backend.copy_device(old.ptr, new.ptr, new.nbytes, backend.current_stream(new.device.index))
+                merged.append(old)
+            devices.synchronize()  # the in-place copies are done before any run sees them
+            if current is None or any(a is not b for a, b in zip(merged, current)):
+                self.weights_version += 1
+            self._weights = merged
             self.generation += 1
 
     def invalidate(self) -> None:
@@ -263,9 +294,20 @@ class GraphRuntime:
                 grown = Workspace(devices.backends[kind], devices.index[kind], size, stream,
                                   plan.segment_bytes.get(kind), purpose=f"the {kind} workspace at {key_text(plan.env)}")
                 lane.runs.clear()
+                if lane.native is not None:
+                    lane.native.clear()
                 if current is not None:
                     current.release_after(stream)
                 lane.workspaces[kind] = grown
+
+    def add_run(self, lane: Lane, key: tuple[int, ...], run: "PreparedRun") -> None:
+        """Keep ``run`` as the lane's prepared run at ``key`` (and its native form in the lane's
+        ``NativeLane``, made on first use)."""
+        lane.runs[key] = run
+        if run.native is not None:
+            if lane.native is None:
+                lane.native = native.native_lane(self.binder, len(self.contents.meta.outputs))
+            lane.native.add(key, run.native)
 
     def context(self, plan: KeyPlan, lane: Lane) -> RunContext:
         return RunContext(self.contents, plan, self.devices, lane.streams, lane.workspaces)

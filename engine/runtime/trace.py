@@ -1,4 +1,4 @@
-"""Chrome traces of interpreted runs (``graph.trace``, and one per key tuned at run time).
+"""Chrome traces of interpreted runs (``graph.trace``, and, when asked, of each key tuned at run time).
 
 The output is the Trace Event Format's JSON object form, which Perfetto (ui.perfetto.dev) and
 ``chrome://tracing`` open: ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from engine.bundle.contents import BundleContents
+from engine.cache import note_write
 from engine.device import Device
 from engine.runtime.dispatch_cache import atomic_write_text
 from engine.runtime.interpreter import TimingRunnerFactory
@@ -168,7 +169,8 @@ def write_trace(path: str | Path, trace: dict[str, Any], *, atomic: bool = True)
 
     ``atomic`` writes a temporary file and renames it over ``path``. The per-key traces of the
     cache directory are written directly (one file system operation less per tuned key, issue 4's
-    overhead budget): a crash mid-write can only leave a truncated diagnostic file.
+    overhead budget): a crash mid-write can only leave a truncated diagnostic file. A trace written
+    into the cache directory counts towards its size cap (``engine.cache.note_write``).
     """
     target = Path(path)
     text = json.dumps(trace, separators=(",", ":"))
@@ -183,4 +185,5 @@ def write_trace(path: str | Path, trace: dict[str, Any], *, atomic: bool = True)
             f = open(target, "w", encoding="utf-8")
         with f:
             f.write(text)
+    note_write(target, len(text))
     return target

@@ -19,6 +19,9 @@ documented in ``docs/runtime.md`` §4.1:
 A task that writes in place (``share_map``) would overwrite its own input when run repeatedly, so
 its candidates run on clones of the inputs it writes (``timing_operands``): timing never changes
 the real run's values.
+
+Each decision is logged (``engine.runtime.tuning``, DEBUG): the instruction and task, every
+candidate's median, the dropped ones and the choice.
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ import attrs
 
 from engine.backend import BackendBase
 from engine.errors import OutOfMemoryError
+from engine.log import get_logger
 from engine.runtime.context import RunContext
 from engine.runtime.tasks import CompiledTask
 from engine.storage import Storage
 
 __all__ = ["TuningOptions", "CandidateTiming", "TuningStats", "select_candidate", "timing_operands",
            "tune_instruction", "launch_runner"]
+
+log = get_logger("engine.runtime.tuning")
 
 
 def _positive_int(_inst: object, attr: attrs.Attribute, value: int) -> None:
@@ -71,8 +77,11 @@ class TuningOptions:
     drop_ratio: float = attrs.field(default=1.5, validator=_ratio)
     #: Medians within this relative distance of the lowest are tied; ties go to the lower index.
     tie_tolerance: float = attrs.field(default=0.02, validator=_non_negative)
-    #: Write a Chrome trace of each key tuned at run time under the cache directory.
-    write_traces: bool = True
+    #: Write a Chrome trace of each key tuned at run time (and one per ``tune()`` call) under the
+    #: cache directory. Off by default: a trace per tuned key grows the cache by a file per key
+    #: (``ENGINE_TUNING_TRACES=1``, ``Settings.tuning_traces``, turns it on; so does
+    #: ``graph.tuning = attrs.evolve(graph.tuning, write_traces=True)``).
+    write_traces: bool = False
 
 
 @attrs.frozen
@@ -228,5 +237,7 @@ def tune_instruction(runners: Sequence[Callable[[], None]], backend: BackendBase
             samples[c].extend(s / calls[c] for s in clock.time(batched[c], 0, rest))
             medians[c] = statistics.median(samples[c])
     chosen = select_candidate(medians, survivors, options.tie_tolerance)
+    log.debug("instruction %d (task %d): candidate medians %s ms, dropped %s, chose candidate %d",
+              instruction, task, [round(m, 6) for m in medians], list(dropped), chosen)
     return CandidateTiming(instruction, task, tuple(medians), chosen, tuple(min(s) for s in samples),
                            tuple(len(s) for s in samples), tuple(calls), dropped, clock.elapsed * 1e3)

@@ -16,7 +16,7 @@ from engine.device import Device
 from engine.errors import InputError
 from engine.hostptr import array_address
 from engine.plugins import Registry
-from engine.storage import ExternalStorage
+from engine.storage import ExternalStorage, Storage
 from engine.tensor import Tensor, from_dlpack, host_wait, order_after
 
 __all__ = ["place_weights", "upload_host_array", "check_weights"]
@@ -33,9 +33,9 @@ def upload_host_array(array: np.ndarray, backend: BackendBase, device: Device, *
     # another tool may not have aligned weights.bin in the archive); otherwise one aligned copy.
     if zero_copy and backend.host_accessible and array_address(array) % backend.alignment == 0:
         # Bytes through numpy: ml_dtypes arrays (bfloat16, float8) export no buffer format.
-        host = memoryview(array.reshape(-1).view(np.uint8)) if nbytes else memoryview(b"")
-        storage = ExternalStorage(device, array_address(array), nbytes, owner=array,
-                                  host_view=host)
+        host = array.reshape(-1).view(np.uint8).data if nbytes else memoryview(b"")
+        storage: Storage = ExternalStorage(device, array_address(array), nbytes, owner=array,
+                                           host_view=host)
         return Tensor(storage, dtype, tuple(array.shape), 0, registry=registry)
     stream = backend.current_stream(device.index)
     storage = backend.allocate(nbytes, device.index, stream)
@@ -104,7 +104,7 @@ def check_weights(weights: Sequence[Any], contents: BundleContents, devices: dic
                 order_after(backend, index, tensor.storage.stream, stream)
                 backend.copy_device(storage.ptr, tensor.ptr, tensor.nbytes, stream)
                 host_wait(backend, index, stream)  # the caller may free or change its tensor on return
-            out.append(Tensor(storage, sig.dtype, shape, 0, registry=registry))
+            out.append(Tensor(storage, sig.dtype, shape, 0, registry=registry))  # type: ignore[arg-type]  # constant
             continue
         if not isinstance(w, np.ndarray):
             raise InputError(f"{label}: expected a numpy array, an engine.Tensor or a DLPack tensor, got "

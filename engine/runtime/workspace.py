@@ -8,7 +8,9 @@ workspace is one allocation per segment; ``ptr_at(offset)`` maps a planned offse
 in its segment.
 
 A workspace that cannot be allocated is an ``OutOfMemoryError`` saying which workspace (the
-caller's ``purpose``) and, when segmented, which segment.
+caller's ``purpose``) and, when segmented, which segment. Every workspace allocated is logged
+(``engine.runtime.workspace``, INFO): a lane's workspace is replaced only when a key needs more, so
+these records are its growth.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from typing import Any
 
 from engine.backend import BackendBase
 from engine.errors import OutOfMemoryError
+from engine.log import get_logger
 from engine.storage import close_all
 
 __all__ = ["Workspace"]
+
+log = get_logger("engine.runtime.workspace")
 
 
 class Workspace:
@@ -44,6 +49,8 @@ class Workspace:
                 close_all(storages)  # the traceback keeps this frame: do not let it keep the memory
                 raise _failure(exc, backend, device_index, nbytes, sizes, len(storages), purpose) from exc
         self.storages = tuple(storages)
+        log.info("%s on %s:%d: allocated %d bytes in %d allocation(s)", purpose, backend.kind, device_index,
+                 nbytes, len(storages))
         #: The pointer of the first segment (the only one on most devices).
         self.base = self.storages[0].ptr
 

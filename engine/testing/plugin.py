@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import attrs
 import pytest
@@ -137,7 +137,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, None]:
     outcome = yield
     report = outcome.get_result()
     marker = item.get_closest_marker(MARKER)

@@ -13,7 +13,7 @@ import textwrap
 __all__ = ["COMMANDS", "add_command"]
 
 #: In the order ``engine --help`` lists them.
-COMMANDS = ("demo", "devices", "inspect", "verify", "run", "bench", "tune", "profile", "trace")
+COMMANDS = ("demo", "devices", "inspect", "verify", "run", "bench", "tune", "profile", "trace", "cache")
 
 
 def add_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str, *, help: str,

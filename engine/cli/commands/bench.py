@@ -17,8 +17,8 @@ import numpy as np
 from engine.cli.args import UsageError, parse_symbols
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
-from engine.cli.loading import (check_bundle_path, check_output_path, key_grid, load_graph, place_inputs,
-                                random_array, read_outline, resolve_device, synchronize)
+from engine.cli.loading import (check_bundle_path, check_input_memory, check_output_path, key_grid, largest_key,
+                                load_graph, place_inputs, random_array, read_outline, resolve_device, synchronize)
 from engine.cli.progress import Progress
 from engine.cli.render import finish, ms, rate, table
 
@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     meta, kinds = outline.meta, outline.kinds
     values = parse_symbols(args.symbol, meta.symbols, required=True)
     keys = key_grid(values, meta.symbols)
+    check_input_memory(meta, largest_key(values, meta.symbols))  # a typo'd value fails here, by name
     devices = [resolve_device(d, kinds, registry) for d in (args.device or [None])]
     if len(set(map(str, devices))) != len(devices):
         raise UsageError("--device: the same device is given twice")

@@ -10,10 +10,15 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.cli.commands import add_command
+
+if TYPE_CHECKING:
+    from engine.device import Device
+    from engine.runtime.compiled_graph import CompiledGraph
 
 __all__ = ["run_demo"]
 
@@ -60,8 +65,20 @@ def _on(x: np.ndarray, target) -> object:
 
 
 def run_demo(keep: str | None = None, device: str = "cpu") -> int:
+    """The demo in ``keep`` (kept), or in a temporary directory removed afterwards, also after a failure."""
+    if keep:
+        folder = Path(keep)
+        folder.mkdir(parents=True, exist_ok=True)
+        return _run_demo(folder, kept=True, device=device)
+    with tempfile.TemporaryDirectory(prefix="engine-demo-") as tmp:
+        return _run_demo(Path(tmp), kept=False, device=device)
+
+
+def _run_demo(folder: Path, *, kept: bool, device: str) -> int:
     import engine
-    from engine.demo.mlp import build_mlp, mlp_weights, reference_mlp
+    from engine.cli.loading import bundle_size
+    from engine.cli.render import format_bytes
+    from engine.demo.mlp import build_mlp, mlp_weights
 
     target = engine.Device.parse(device)
     kind = target.kind
@@ -74,15 +91,22 @@ def run_demo(keep: str | None = None, device: str = "cpu") -> int:
     weights = mlp_weights()
     start = time.perf_counter()
     builder = build_mlp(weights=weights, device=kind)
-    folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="engine-demo-"))
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "mlp.cgb"
     builder.save(path)
-    print(f"\n1. built and saved {path} ({path.stat().st_size / 1024:.0f} KiB) in {_ms(time.perf_counter() - start)}"
+    print(f"\n1. built and saved {path} ({format_bytes(bundle_size(path))}) in {_ms(time.perf_counter() - start)}"
           f" (sources compiled by the {kind} plugin)")
 
     start = time.perf_counter()
     graph = engine.load_compiled_graph(path, device=str(target))
+    with graph:  # closed (its weights unmapped) before the temporary directory goes
+        return _run_loaded(graph, path, target, weights, kept=kept, start=start)
+
+
+def _run_loaded(graph: "CompiledGraph", path: Path, target: "Device", weights: Any, *, kept: bool,
+                start: float) -> int:
+    from engine.demo.mlp import reference_mlp
+
+    kind = target.kind
     placed = "memory-mapped" if kind == "cpu" else f"uploaded to {target}"
     print(f"2. loaded it back in {_ms(time.perf_counter() - start)}: weights {placed}, kernels hash-checked\n")
     print("\n".join("   " + line for line in str(graph).splitlines()))
@@ -90,7 +114,9 @@ def run_demo(keep: str | None = None, device: str = "cpu") -> int:
     print("\n3. batch sizes 1, 3 and 64 through one bundle (symbol 'batch'), checked against numpy:")
     rng = np.random.default_rng(1)
     ok = True
-    for batch in (1, 3, 64):
+    batches = (1, 3, 64)
+    cached = {b for b in batches if (b,) in graph.dispatch_table}  # rows an earlier run left in the cache
+    for batch in batches:
         x = rng.standard_normal((batch, 64)).astype(np.float32)
         (probs,) = graph.run_async([_on(x, target)])
         expected = reference_mlp(x, weights)
@@ -100,13 +126,25 @@ def run_demo(keep: str | None = None, device: str = "cpu") -> int:
         print(f"   batch={batch:<3} probs{list(probs.shape)}  max |engine - numpy| = {err:.2e}  "
               f"{'ok' if good else 'MISMATCH'}  (first row argmax: {int(probs.numpy()[0].argmax())})")
 
-    print("\n4. tuning: the first run at each batch size timed both matmul candidates and kept the faster:")
+    stats = graph.run_stats()
+    if not cached:
+        print("\n4. tuning: the first run at each batch size timed both matmul candidates and kept the faster:")
+    elif len(cached) == len(batches):
+        print("\n4. tuning: no timing needed: the dispatch cache already held a choice for each batch size (an earlier "
+              "run timed them;\n   ENGINE_DISPATCH_CACHE=0 times them again):")
+    else:
+        print(f"\n4. tuning: batch {', '.join(str(b) for b in batches if b not in cached)} timed both matmul "
+              f"candidates now; batch {', '.join(str(b) for b in sorted(cached))} took its choice from the dispatch "
+              f"cache:")
     names = [t.name for t in graph.compiled_tasks]
-    for key, choice in sorted(graph.dispatch_table.items()):
+    table = graph.dispatch_table
+    for batch in batches:
+        choice = table.get((batch,))
+        if choice is None:
+            continue
         picks = ", ".join(f"{n}={graph.compiled_tasks[i].meta.candidates[c].entry}"
                           for i, (n, c) in enumerate(zip(names, choice)) if len(graph.compiled_tasks[i].candidates) > 1)
-        print(f"   batch={key[0]:<3} {picks}")
-    stats = graph.run_stats()
+        print(f"   batch={batch:<3} {picks}  ({'from the cache' if batch in cached else 'timed now'})")
     print(f"   runs so far: {stats.slow_runs} tuned (slow path), {stats.prepared_runs} prepared, "
           f"{stats.fast_runs} fast path")
 
@@ -125,9 +163,13 @@ def run_demo(keep: str | None = None, device: str = "cpu") -> int:
         t_numpy = _us_per_call(lambda: reference_mlp(x, weights), 2000 if batch == 1 else 300)
         print(f"   batch={batch:<3} engine {t_engine:8.1f} us   numpy {t_numpy:8.1f} us")
 
-    print(f"\nthe bundle stays at {path}; try:\n"
-          f"   engine inspect {path}\n"
-          f"   engine bench {path} --symbol batch=1,8,64\n"
-          f"   engine run {path} --random --symbol batch=2")
+    if kept:
+        print(f"\nthe bundle stays at {path}; try:\n"
+              f"   engine inspect {path}\n"
+              f"   engine bench {path} --symbol batch=1,8,64\n"
+              f"   engine run {path} --random --symbol batch=2")
+    else:
+        print("\nthe bundle was written to a temporary directory, now removed; 'engine demo --keep DIR' keeps it "
+              "(DIR/mlp.cgb) to try 'engine inspect', 'engine bench' and 'engine run' on")
     print("demo " + ("passed" if ok else "FAILED: results differ from numpy"))
     return 0 if ok else 1

@@ -56,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
         emit_json(doc)
         return 0 if doc["devices"] else 1
     if not doc["devices"]:
-        print("no device plugins installed; install 'engine-cpu' for the CPU")
+        from engine.cli.version import no_plugins_reason
+
+        print(f"no device plugins: {no_plugins_reason(registry_of(args))}")
         return 1
     rows = []
     for r in doc["devices"]:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from engine.cli.args import CheckFailed
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
-from engine.cli.loading import check_bundle_path, input_names, output_names, read_contents
+from engine.cli.loading import bundle_size, check_bundle_path, input_names, output_names, read_contents
 from engine.cli.render import compress_values, emit_json, format_bytes, key_text, plural, table
 
 EXAMPLES = """
@@ -105,7 +106,7 @@ def collect(path: Path, registry) -> dict:
         stored = ("weights.bin" if contents.weight_blob is not None else
                   "weights.npz" if contents.npz_weights is not None else None)
 
-        kernels = []
+        kernels: list[dict[str, Any]] = []
         for k, km in enumerate(contents.kernels):
             cands = []
             for c, cand in enumerate(km.candidates):
@@ -140,7 +141,8 @@ def collect(path: Path, registry) -> dict:
         return {
             "path": str(path),
             "form": archive.form,
-            "size_bytes": total,
+            "size_bytes": bundle_size(path),
+            "members_bytes": total,
             "members": len(files),
             "format_version": "{}.{}".format(*archive.manifest.format_version),
             "engine_version": archive.manifest.engine_version,
@@ -196,8 +198,8 @@ def _dispatch_summary(doc: dict) -> str:
 def render(doc: dict, *, weights: bool, graph: bool) -> str:
     w = doc["weights"]
     lines = [
-        f"bundle    {doc['path']} ({doc['form']}, {format_bytes(doc['size_bytes'])}, "
-        f"{plural(doc['members'], 'member')})",
+        f"bundle    {doc['path']} ({doc['form']}, {format_bytes(doc['size_bytes'])} on disk, "
+        f"{plural(doc['members'], 'member')} of {format_bytes(doc['members_bytes'])})",
         f"format    engine.bundle {doc['format_version']}, written by engine {doc['engine_version']}",
         f"identity  {doc['identity']}",
         "manifest  ok: every member listed; metadata and kernel binaries match their sha256 "

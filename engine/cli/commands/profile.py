@@ -7,7 +7,7 @@ import argparse
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
 from engine.cli.loading import check_bundle_path, check_output_path, make_inputs, open_graph, read_outline
-from engine.cli.render import finish, key_text, ms, table
+from engine.cli.render import finish
 
 EXAMPLES = """
   engine profile mlp.cgb --random --symbol batch=64              per-kernel median and min times
@@ -28,10 +28,6 @@ def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
     p.add_argument("--repeat", type=int, default=10, metavar="N", help="timed runs (default 10)")
     p.add_argument("-o", "--output", metavar="FILE", help="also write the profile as JSON to FILE")
     p.set_defaults(func=run)
-
-
-def _shape(shapes) -> str:
-    return " ".join("[" + ",".join(str(d) for d in s) + "]" for s in shapes)
 
 
 def rows_doc(profile) -> list[dict]:
@@ -58,15 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(doc: dict) -> str:
-    total = doc["total_ms"]
-    rows = []
-    for r in doc["rows"]:
-        share = f"{100 * r['median_ms'] / total:.1f}%" if total > 0 else "-"
-        rows.append([r["instruction"], r["kernel"], f"{r['candidate']}:{r['entry']}", r.get("device", "-"),
-                     _shape(r["input_shapes"]), _shape(r["output_shapes"]), ms(r["median_ms"]), ms(r["min_ms"]),
-                     share])
-    head = (f"{doc['bundle']} at {key_text(doc['symbols'])}: median of {doc['repeat']} calls per kernel after "
-            f"{doc['warmup']} warmup")
-    body = table(["#", "kernel", "candidate", "device", "inputs", "outputs", "median ms", "min ms", "share"], rows,
-                 right=(0, 6, 7, 8))
-    return f"{head}\n{body}\ntotal: {ms(total)} ms (sum of the kernels' medians, without the engine around them)"
+    """The library's renderer (``print(graph.profile(...))`` shows the same table)."""
+    from engine.runtime.profile import render_profile
+
+    return render_profile(doc, subject=f"profile of {doc['bundle']}")

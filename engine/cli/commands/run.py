@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,8 +36,8 @@ def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def output_summary(name: str, array: np.ndarray) -> dict:
-    doc = {"name": name, "dtype": str(array.dtype), "shape": list(array.shape)}
+def output_summary(name: str, array: np.ndarray) -> dict[str, Any]:
+    doc: dict[str, Any] = {"name": name, "dtype": str(array.dtype), "shape": list(array.shape)}
     if array.size:
         try:
             values = array.astype(np.float64)
@@ -61,7 +62,7 @@ def save_outputs(path: Path, arrays: dict[str, np.ndarray]) -> None:
         np.save(path, only)
     else:
         with open(path, "wb") as f:  # np.savez would append .npz to any other suffix
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
         out_path = check_output_path(args.output, option="--output")
     outline = read_outline(path)
     n_out = len(outline.meta.outputs)
+    if out_path is not None and out_path.suffix not in (".npz", ".npy"):
+        raise UsageError(f"--output {args.output}: expected a file name ending in .npz (the outputs as a numpy "
+                         f"archive) or .npy (a graph with one output)")
     if out_path is not None and out_path.suffix == ".npy" and n_out != 1:
         raise UsageError(f"--output {args.output}: the graph has {n_out} outputs; use a .npz file")
     graph = open_graph(path, args.device, outline.kinds, registry)
@@ -84,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         synchronize(graph, registry)
         elapsed = (time.perf_counter() - start) * 1e3
         arrays = {name: np.asarray(t.numpy()) for name, t in zip(output_names(graph.meta), outputs)}
-        doc = {
+        doc: dict[str, Any] = {
             "bundle": str(path),
             "devices": [str(d) for d in graph.devices.values()],
             "symbols": key,

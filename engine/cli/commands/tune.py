@@ -13,7 +13,8 @@ import time
 from engine.cli.args import UsageError, parse_symbols
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
-from engine.cli.loading import check_bundle_path, check_output_path, key_grid, open_graph, read_outline
+from engine.cli.loading import (check_bundle_path, check_input_memory, check_output_path, key_grid, largest_key,
+                                open_graph, read_outline)
 from engine.cli.progress import Progress
 from engine.cli.render import emit_json, group_rows, key_text, plural, table
 
@@ -86,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     path = check_bundle_path(args.bundle)
     registry = registry_of(args)
     target = None
+    if args.save and args.output:
+        raise UsageError("--save writes the table into BUNDLE itself and -o into a new bundle; give one of them "
+                         "(-o keeps BUNDLE as it is)")
     if args.output:
         target = check_output_path(args.output, option="-o/--output")
     elif args.save:
@@ -94,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     meta, kinds = outline.meta, outline.kinds
     values = parse_symbols(args.symbol, meta.symbols, required=True)
     grid_values = values if args.policy == "tune" else {s: anchors(v) for s, v in values.items()}
+    check_input_memory(meta, largest_key(grid_values, meta.symbols))  # tuning runs on zero-filled inputs
     graph = open_graph(path, args.device, kinds, registry)
     with graph:
         _set_tuning(graph, args.warmup, args.repeat)
@@ -146,7 +151,7 @@ def render(doc: dict) -> str:
         lines.append("every kernel has a single candidate: there is nothing to choose, no timing was needed")
     else:
         tasks = doc["multi_candidate_tasks"]
-        items = [(key_text(r["symbols"]), (*(r["entries"][t] for t in tasks), "new" if r["new"] else "kept"))
+        items = [(r["symbols"], (*(r["entries"][t] for t in tasks), "new" if r["new"] else "kept"))
                  for r in doc["keys"]]
         rows = [[label, count, *values] for label, count, values in group_rows(items)]
         lines.append(table(["keys", "count", *tasks, "row"], rows, right=(1,)))

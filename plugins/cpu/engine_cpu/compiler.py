@@ -6,9 +6,10 @@ default since numeric kernels routinely call ``expf`` and friends.
 
 Cache: an ``engine.backend.cachefiles.BuildCache`` at ``<cache_dir>/cpu/build`` (``<key>.so`` plus
 ``<key>.so.sha256``), where ``key`` is the sha256 of the source, the compiler's path and version
-line, and the flags. The source is compiled under a fixed file name in a private temp dir so that
-identical inputs give identical bytes (the ELF records the source file name), which keeps
-concurrent builders' results interchangeable.
+line, and the flags. The source is always compiled under a fixed file name in a private temp dir
+(``TMPDIR``), never in the cache, so that identical inputs give identical bytes (the ELF records
+the source file name), which keeps concurrent builders' results interchangeable, and so that a
+read-only cache directory still compiles (the result is then kept in memory only).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class CCompiler:
         self._identity: str | None = None  # resolved on first compile (runs `cc --version`)
         self._lock = threading.Lock()
         # Memoizes verified bytes per key, so repeat loads skip the disk.
-        self.cache = BuildCache(self.build_dir, ".so")
+        self.cache = BuildCache(self.build_dir, ".so", cache_root=Path(cache_dir))
 
     # -- identity ------------------------------------------------------------------------------
     def available(self) -> str | None:
@@ -142,7 +143,12 @@ class CCompiler:
 
     def _run(self, source: str, flags: Sequence[str]) -> bytes:
         """Compile in a private temp dir under fixed names (reproducible bytes)."""
-        with tempfile.TemporaryDirectory(prefix="engine-cpu-cc-") as tmp:
+        try:
+            workdir = tempfile.TemporaryDirectory(prefix="engine-cpu-cc-")
+        except OSError as exc:
+            raise KernelError(f"cannot create a temporary directory to compile C source in "
+                              f"({tempfile.gettempdir()}): {exc}; set TMPDIR to a writable directory") from exc
+        with workdir as tmp:
             Path(tmp, _SOURCE_NAME).write_text(source, encoding="utf-8")
             # Flags go after the source: gcc/clang options are position-independent except -l,
             # which --as-needed linkers only honour after the objects that need it.

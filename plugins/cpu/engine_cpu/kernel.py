@@ -22,6 +22,10 @@ pointers, and a ``c_void_p`` or None), so the checks buy nothing there.
 
 Argument counts are checked once, in ``KernelBase.prepare``; ``launch`` is inherited (prepare,
 call, and ``fail`` on a non-zero code).
+
+``native_launch`` describes the same call to the core's native run path (``engine.runtime.native``):
+the entry's address and those of the two argument arrays, which the core patches and calls from C
+with the GIL released, as ``call()`` would.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import functools
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
 from engine.backend import BinaryPayload, CandidateSpec, KernelBase, LaunchDims, Stream, kernel_failure
+from engine.backend import NativeLaunch
 
 if TYPE_CHECKING:
     from engine_cpu.program import Library
@@ -74,7 +79,7 @@ class CpuPreparedLaunch:
     """A kernel call with owned argument arrays; ``call()`` returns the kernel's int code."""
 
     __slots__ = ("kernel", "call", "set_tensor", "workspace_addr", "tensor_array_addr", "symbol_array_addr",
-                 "function_addr", "_tensors", "_symbols", "_workspace")
+                 "function_addr", "native_launch", "_tensors", "_symbols", "_workspace")
 
     def __init__(self, kernel: CpuKernel, tensor_addrs: Sequence[int], symbol_values: Sequence[int],
                  workspace_addr: int):
@@ -94,6 +99,9 @@ class CpuPreparedLaunch:
         #: (and fused runs). It is the argument array's own ``__setitem__``: the fast path patches
         #: inputs and outputs with it on every run, and a Python method frame would double its cost.
         self.set_tensor: Callable[[int, int], None] = self._tensors.__setitem__
+        #: This call for the core's native run path: the arrays above stay at these addresses.
+        self.native_launch = NativeLaunch(self.function_addr, self.tensor_array_addr, len(tensor_addrs),
+                                          self.symbol_array_addr, workspace_addr)
 
     def tensor_addrs(self) -> tuple[int, ...]:
         """The current tensor arguments (NULL reads as 0)."""

@@ -5,9 +5,12 @@ about each binary in the bundle's order (an ``elf-so`` for this machine's target
 ``c-source`` when a compiler exists) and hands the first one that fits to ``load``, which opens
 the shared object or compiles the source first.
 
-Shared objects are published in an ``engine.backend.cachefiles.ContentStore`` at
-``<cache_dir>/cpu/so/<sha256>.so`` (an existing file is re-hashed before it is trusted) and opened
-with ``RTLD_LOCAL`` so two kernels' symbols never collide. Opened
+Shared objects are opened from memory (``engine.backend.native``: the bytes that were hashed go
+into a sealed anonymous file which is ``dlopen``ed), so loading writes nothing to the cache
+directory, works when it is read-only, and runs exactly the bytes that were checked. Only where a
+platform cannot load from memory are they published in an ``engine.backend.cachefiles.ContentStore``
+at ``<cache_dir>/cpu/so/<sha256>.so`` (an existing file is re-hashed before it is trusted) and opened
+by path. Either way they are opened with ``RTLD_LOCAL`` so two kernels' symbols never collide. Opened
 libraries are cached per loader by content hash, so a thousand kernels cut from one ``.so`` open it
 once. Libraries are never closed: ``dlclose`` under a live function pointer would be a crash, and
 each ``CpuKernel`` holds its ``Library`` strongly.
@@ -29,7 +32,9 @@ from pathlib import Path
 
 from engine.backend import BinaryPayload, CandidateSpec
 from engine.backend.cachefiles import ContentStore, sha256_hex
+from engine.backend.native import open_from_memory
 from engine.errors import KernelError
+from engine.log import get_logger
 
 from engine_cpu.compiler import CCompiler, CompilerError, uses_openmp
 from engine_cpu.host import check_elf_header, host_target
@@ -39,16 +44,23 @@ __all__ = ["Library", "ProgramLoader", "OpenMPThreads", "FORMATS"]
 
 FORMATS = ("elf-so", "c-source")
 
+log = get_logger("engine.cpu.program")
+
 
 class Library:
-    """An opened shared object; ``handle`` is the ``ctypes.CDLL`` (kept open for the process)."""
+    """An opened shared object; ``handle`` is the ``ctypes.CDLL`` (kept open for the process).
 
-    __slots__ = ("sha256", "path", "handle", "omp_set_num_threads")
+    ``path`` is what it was opened as (``/proc/self/fd/N`` when loaded from memory, whose ``fd``
+    stays open with it; ``fd`` is None for a file in the cache).
+    """
 
-    def __init__(self, sha256: str, path: Path, handle: ctypes.CDLL):
+    __slots__ = ("sha256", "path", "handle", "omp_set_num_threads", "fd")
+
+    def __init__(self, sha256: str, path: Path, handle: ctypes.CDLL, fd: int | None = None):
         self.sha256 = sha256
         self.path = path
         self.handle = handle
+        self.fd = fd
         try:
             # dlsym on a handle also searches the library's own dependencies (libgomp).
             setter = handle["omp_set_num_threads"]
@@ -81,11 +93,17 @@ class OpenMPThreads:
 
 
 class ProgramLoader:
-    """Loads candidates for one backend; owns the opened-library cache."""
+    """Loads candidates for one backend; owns the opened-library cache.
 
-    def __init__(self, cache_dir: Path, compiler: CCompiler, num_threads: int | None = None):
+    ``from_memory=False`` always goes through the content store (the fallback of platforms that
+    cannot load from memory).
+    """
+
+    def __init__(self, cache_dir: Path, compiler: CCompiler, num_threads: int | None = None, *,
+                 from_memory: bool = True):
+        self.from_memory = from_memory
         self.so_dir = Path(cache_dir) / "cpu" / "so"
-        self.store = ContentStore(self.so_dir, ".so")
+        self.store = ContentStore(self.so_dir, ".so", cache_root=Path(cache_dir))
         self.compiler = compiler
         self.threads = OpenMPThreads(num_threads) if num_threads else None
         self._libraries: dict[str, Library] = {}
@@ -127,13 +145,35 @@ class ProgramLoader:
         return self.load_library(data, f"{where} compiled")
 
     def load_library(self, data: bytes | memoryview, where: str) -> Library:
-        """Open ``data`` as a shared object (once per content hash)."""
+        """Open ``data`` as a shared object (once per content hash), from memory where possible."""
+        data = bytes(data)  # one immutable copy: what is hashed is what is loaded
         sha = sha256_hex(data)
         with self._lock:
             library = self._libraries.get(sha)
             if library is not None:
                 return library
             check_elf_header(data, where)
+            try:
+                loaded = open_from_memory(data, f"engine-{sha[:16]}.so") if self.from_memory else None
+            except OSError as exc:
+                raise KernelError(f"{where}: cannot load the shared object: {exc}") from exc
+            if loaded is not None:
+                library = Library(sha, Path(loaded.path), loaded.handle, loaded.fd)
+                log.debug("loaded %s from memory (%s)", where, sha[:16])
+            else:
+                library = self._load_from_file(data, sha, where)
+            if self.threads is not None and library.omp_set_num_threads is not None:
+                self.threads.apply(library.omp_set_num_threads)
+            self._libraries[sha] = library
+            return library
+
+    def _load_from_file(self, data: bytes, sha: str, where: str) -> Library:
+        """Where memory loading is unavailable: publish in the content store and open that path.
+
+        The path is opened right after it was (re)verified; if another process evicted it in
+        between, it is published and opened once more.
+        """
+        for attempt in (1, 2):
             try:
                 path = self.store.publish(data, sha)  # missing, truncated or tampered: (re)written
             except OSError as exc:
@@ -142,12 +182,12 @@ class ProgramLoader:
             try:
                 handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
             except OSError as exc:
+                if attempt == 1 and not path.exists():  # evicted between publish and dlopen
+                    continue
                 raise KernelError(f"{where}: cannot load the shared object: {exc}") from exc
-            library = Library(sha, path, handle)
-            if self.threads is not None and library.omp_set_num_threads is not None:
-                self.threads.apply(library.omp_set_num_threads)
-            self._libraries[sha] = library
-            return library
+            return Library(sha, path, handle)
+        raise AssertionError("unreachable")  # pragma: no cover
+
 
     def _bind(self, spec: CandidateSpec, binary: BinaryPayload, library: Library) -> CpuKernel:
         try:

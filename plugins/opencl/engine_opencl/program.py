@@ -4,7 +4,9 @@ Bundles carry OpenCL C source (format ``opencl-source``): the driver compiles it
 hand, so one bundle runs on every vendor's devices. Building is slow, so the program binary the
 driver produced is kept under ``<cache_dir>/opencl`` keyed by everything the build depends on
 (source, options, platform, device, driver version) and handed back to the driver on the next
-load; a binary the driver no longer accepts is rebuilt from source.
+load; a binary the driver no longer accepts is rebuilt from source. A cache directory that
+cannot be written (read-only deployments) still serves what it holds; programs built meanwhile
+are kept in memory only (``engine.backend.cachefiles.BuildCache``).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class ProgramCache:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self._store = BuildCache(self.root, ".bin")
+        self._store = BuildCache(self.root, ".bin", cache_root=self.root.parent)  # root: <cache_dir>/opencl
         self._programs: dict[tuple[int, str], Any] = {}
         self._lock = threading.Lock()
 

@@ -1,0 +1,68 @@
+"""``engine convert MODEL.onnx -o MODEL.cgb``: the importer as an ``engine`` subcommand.
+
+Registered through the ``engine.commands`` entry point, so the core CLI does not depend on onnx:
+this module imports nothing heavy until the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+EXAMPLES = """
+  engine convert model.onnx -o model.cgb                  convert (weights, kernels, one bundle)
+  engine convert model.onnx -o model.cgb --symbol batch   the leading dimension of every input becomes 'batch'
+  engine convert model.onnx -o model_dir/                 write the directory form
+  engine bench model.cgb --symbol batch=1,8               then benchmark the result
+"""
+
+
+def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
+    from engine.cli.commands import add_command
+
+    p = add_command(sub, "convert", help="convert an ONNX model into a bundle (engine-onnx)",
+                    description="Import an ONNX model (opset 9 and newer): fold constants, infer shapes, turn dynamic "
+                                "dimensions into symbols and generate C kernels for the CPU plugin (several "
+                                "candidates for MatMul, Gemm and Conv), then save one bundle. Unsupported nodes are "
+                                "all listed in one error and no bundle is written.",
+                    examples=EXAMPLES, parents=[common["debug"]])
+    p.add_argument("model", metavar="MODEL", help="an .onnx file")
+    p.add_argument("-o", "--output", required=True, metavar="BUNDLE",
+                   help="the bundle to write (.cgb; a path ending in / writes the directory form)")
+    p.add_argument("--symbol", metavar="NAME", help="make the leading dimension of every input a symbol NAME")
+    p.add_argument("--device", default="cpu", metavar="KINDS",
+                   help="device kinds to generate kernels for (only 'cpu' is available so far)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.cli.args import UsageError
+    from engine.cli.progress import Progress
+
+    kinds = [k.strip() for k in args.device.split(",") if k.strip()]
+    if kinds != ["cpu"]:
+        raise UsageError(f"--device {args.device}: engine-onnx generates cpu kernels only; expected --device cpu")
+    if not Path(args.model).is_file():
+        raise UsageError(f"{args.model}: no such file; expected an .onnx model")
+    from engine_onnx.convert import convert
+
+    start = time.perf_counter()
+    bar: Progress | None = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = Progress(total, "compiling kernels")
+            bar.__enter__()
+        bar.advance(done - bar.done)
+
+    try:
+        builder = convert(args.model, batch_symbol=args.symbol, registry=args.registry, progress=progress)
+        form = "dir" if args.output.endswith("/") else "zip"
+        builder.save(Path(args.output), form=form)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+    print(f"wrote {args.output} in {time.perf_counter() - start:.1f} s")
+    return 0

@@ -1,0 +1,62 @@
+"""``convert``: an ONNX model to a bundle (a ``GraphBuilder``, saved or built by the caller).
+
+Kernels are compiled in parallel threads ahead of the builder (the CPU plugin caches builds by
+content, so the builder's own compile of each source is then a cache hit): a model has tens of
+distinct kernels and the compiler runs are the bulk of a cold conversion.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from engine.build import GraphBuilder
+from engine_onnx.lowering import Lowering
+from engine_onnx.model import load_model, model_name
+
+__all__ = ["convert", "convert_file", "Progress"]
+
+Progress = Callable[[int, int], None]
+
+
+def convert(model: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, batch_symbol: str | None = None,
+            registry=None, progress: Progress | None = None, jobs: int | None = None) -> GraphBuilder:
+    """Import ``model`` and compile its kernels; returns the ``GraphBuilder`` (``.build()``, ``.save()``).
+
+    ``batch_symbol`` makes the leading dimension of every input a symbol of that name (dimensions the
+    model already names, ``dim_param``, are symbols anyway). Raises ``UnsupportedModelError`` listing
+    every node that cannot be imported, ``ModelLoadError`` for a model that cannot be read.
+    """
+    proto = load_model(model)
+    lowering = Lowering(proto, batch_symbol=batch_symbol, name=model_name(model, proto))
+    lowering.run()
+    builder = lowering.builder(registry)
+    precompile(builder, lowering, progress=progress, jobs=jobs)
+    return builder
+
+
+def precompile(builder: GraphBuilder, lowering: Lowering, *, progress: Progress | None = None,
+               jobs: int | None = None) -> None:
+    """Compile every distinct kernel source on a thread pool (fills the plugin's build cache)."""
+    specs = lowering.specs()
+    backend = builder.registry.backend("cpu")
+    done = 0
+    if progress:
+        progress(0, len(specs))
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        for _ in pool.map(lambda s: backend.compile(s.source, "c", s.options), specs):
+            done += 1
+            if progress:
+                progress(done, len(specs))
+
+
+def convert_file(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]", **kwargs) -> GraphBuilder:
+    """``convert(src)`` saved to ``dst`` (a ``.cgb`` zip; a directory bundle when ``dst`` ends in ``/``)."""
+    builder = convert(src, **kwargs)
+    form = "dir" if str(dst).endswith(("/", os.sep)) else "zip"
+    builder.save(Path(dst), form=form)
+    return builder

@@ -1,0 +1,356 @@
+"""Lowering an ONNX graph into a ``GraphBuilder``: the context op handlers work against.
+
+The graph is walked once in ONNX's (topological) node order. Each node is, in this order:
+
+1. **folded** when its value is known at import: every input is a constant (ONNX's reference
+   evaluator computes it), or it is a shape computation on known dimensions (``Shape``,
+   ``Gather``, ``Concat``… over symbolic dimensions, ``ops.symbolic``);
+2. skipped when it was **fused** as the epilogue of its producer (an activation after a Conv);
+3. else **lowered** by its op handler into kernel calls (or into a view: a ``Reshape`` of a
+   contiguous tensor is the same bytes with another logical shape, so no kernel runs).
+
+Calls are recorded first and handed to the builder at the end, because the bundle needs every
+weight declared before the first call and a handler may create weights (a transposed Gemm
+weight, a BatchNormalization folded into a Conv). A node that cannot be lowered is recorded
+with its reason and its outputs are marked *poisoned* so that the walk goes on and reports every
+unsupported node in one ``UnsupportedModelError``; no bundle is built from a poisoned graph.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Iterable, Sequence
+
+import attrs
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from engine.build import GraphBuilder
+from engine_onnx.codegen import KernelSpec
+from engine_onnx.dims import Dim, DimError, Mono, dim_expr
+from engine_onnx.errors import ModelLoadError, NodeUnsupported, UnsupportedModelError, UnsupportedNode
+
+__all__ = ["Lowering", "Operand", "Ref", "sanitize_symbol"]
+
+
+@attrs.frozen
+class Ref:
+    """A physical tensor of the plan: a graph input, a weight, or output ``pos`` of call ``index``."""
+
+    kind: str
+    index: int
+    pos: int
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+
+
+@attrs.frozen
+class Operand:
+    """An ONNX value computed at run time: a physical tensor seen with a logical shape."""
+
+    ref: Ref
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+
+
+def sanitize_symbol(name: str) -> str:
+    """An ONNX ``dim_param`` as a bundle symbol name (``[A-Za-z_]\\w*``, not a function name)."""
+    s = re.sub(r"\W", "_", name) or "dim"
+    if s[0].isdigit():
+        s = "d_" + s
+    return s + "_" if s in ("ceil_div", "min", "max") else s
+
+
+_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
+           onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.INT8: "int8", onnx.TensorProto.INT16: "int16",
+           onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.UINT8: "uint8",
+           onnx.TensorProto.UINT16: "uint16", onnx.TensorProto.UINT32: "uint32",
+           onnx.TensorProto.UINT64: "uint64", onnx.TensorProto.BOOL: "bool"}
+
+
+def onnx_dtype(elem_type: int) -> np.dtype:
+    try:
+        return np.dtype(_DTYPES[elem_type])
+    except KeyError:
+        raise NodeUnsupported(f"element type {onnx.TensorProto.DataType.Name(elem_type)} is not supported") from None
+
+
+class Lowering:
+    """Walks one model's graph; ``run()`` then ``builder()`` gives the bundle's ``GraphBuilder``."""
+
+    def __init__(self, model: onnx.ModelProto, *, batch_symbol: str | None = None, name: str = "model"):
+        self.model = model
+        self.graph = model.graph
+        self.name = name
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        self.inputs: list[tuple[str, np.dtype, tuple[Dim, ...]]] = []
+        self.weights: list[tuple[str, np.ndarray]] = []
+        self.calls: list[tuple[KernelSpec, list[Ref], list[tuple[np.dtype, tuple[Dim, ...]]]]] = []
+        self.consts: dict[str, np.ndarray] = {}
+        self.tensors: dict[str, Operand] = {}
+        self.unsupported: list[UnsupportedNode] = []
+        self.poisoned: set[str] = set()
+        self._weight_refs: dict[str, Ref] = {}
+        self._fused: set[int] = set()
+        self._consumers: dict[str, list[onnx.NodeProto]] = {}
+        self._counter = 0
+        self.outputs = [o.name for o in self.graph.output]
+        for node in self.graph.node:
+            for name in node.input:
+                if name:
+                    self._consumers.setdefault(name, []).append(node)
+        for init in self.graph.initializer:
+            self.consts[init.name] = _initializer_array(init)
+        self._declare_inputs(batch_symbol)
+
+    # -- declarations ----------------------------------------------------------------------------
+    def _declare_inputs(self, batch_symbol: str | None) -> None:
+        for vi in self.graph.input:
+            if vi.name in self.consts:
+                continue  # opsets before 9 list initializers among the inputs
+            tt = vi.type.tensor_type
+            if not vi.type.HasField("tensor_type"):
+                self.unsupported.append(UnsupportedNode(vi.name, "graph input", "not a tensor (sequences, maps "
+                                                        "and optionals are not supported)"))
+                self.poisoned.add(vi.name)
+                continue
+            try:
+                dtype = onnx_dtype(tt.elem_type)
+            except NodeUnsupported as exc:
+                self.unsupported.append(UnsupportedNode(vi.name, "graph input", str(exc)))
+                self.poisoned.add(vi.name)
+                continue
+            shape: list[Dim] = []
+            for axis, d in enumerate(tt.shape.dim):
+                if axis == 0 and batch_symbol:
+                    shape.append(Mono(1, (sanitize_symbol(batch_symbol),)))
+                elif d.HasField("dim_value"):
+                    shape.append(int(d.dim_value))
+                elif d.HasField("dim_param"):
+                    shape.append(Mono(1, (sanitize_symbol(d.dim_param),)))
+                else:
+                    raise ModelLoadError(f"{self.name}: input {vi.name!r} dimension {axis} has neither a size nor a "
+                                         f"name; expected a dim_value or dim_param (or pass batch_symbol)")
+            shape_t = tuple(shape)
+            self.inputs.append((vi.name, dtype, shape_t))
+            ref = Ref("input", len(self.inputs) - 1, 0, dtype, shape_t)
+            self.tensors[vi.name] = Operand(ref, dtype, shape_t)
+
+    # -- what handlers read ------------------------------------------------------------------------
+    def attr(self, node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+        for a in node.attribute:
+            if a.name == name:
+                value = helper.get_attribute_value(a)
+                if isinstance(value, bytes):
+                    return value.decode("utf-8")
+                if isinstance(value, onnx.TensorProto):
+                    return numpy_helper.to_array(value)
+                return value
+        return default
+
+    def is_const(self, name: str) -> bool:
+        return name in self.consts and self.consts[name].dtype != object
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The value known at import (numeric), else None."""
+        v = self.consts.get(name)
+        return v if v is not None and v.dtype != object else None
+
+    def require_const(self, name: str, what: str) -> np.ndarray:
+        v = self.const(name)
+        if v is None:
+            raise NodeUnsupported(f"{what} must be known at import (a constant), got a tensor computed at run time")
+        return v
+
+    def value(self, name: str) -> np.ndarray | None:
+        """The value known at import, possibly symbolic (an object array of dimensions)."""
+        return self.consts.get(name)
+
+    def shape(self, name: str) -> tuple[Dim, ...]:
+        if name in self.consts:
+            return tuple(int(d) for d in self.consts[name].shape)
+        return self.tensors[name].shape
+
+    def dtype(self, name: str) -> np.dtype:
+        if name in self.consts:
+            v = self.consts[name]
+            return np.dtype("int64") if v.dtype == object else v.dtype
+        return self.tensors[name].dtype
+
+    # -- what handlers produce ---------------------------------------------------------------------
+    def set_const(self, name: str, value: np.ndarray) -> None:
+        self.consts[name] = value
+
+    def add_weight(self, array: np.ndarray, hint: str) -> str:
+        """A new constant (e.g. a transposed or folded weight) under a fresh name."""
+        self._counter += 1
+        name = f"{hint}#{self._counter}"
+        self.consts[name] = np.require(array, requirements="C")
+        return name
+
+    def alias(self, out: str, src: str, shape: Sequence[Dim]) -> None:
+        """``out`` is ``src``'s bytes with another shape (Reshape, Flatten, Squeeze, Identity…)."""
+        if src in self.consts:
+            self.consts[out] = self.consts[src].reshape([int(d) for d in shape])
+            return
+        op = self.tensors[src]
+        self.tensors[out] = Operand(op.ref, op.dtype, tuple(shape))
+
+    def _ref(self, name: str) -> Ref:
+        if name in self.tensors:
+            return self.tensors[name].ref
+        if name not in self.consts:
+            raise NodeUnsupported(f"input {name!r} is not produced by any node")
+        if name not in self._weight_refs:
+            arr = self.consts[name]
+            if arr.dtype == object:
+                raise NodeUnsupported(f"{name!r} holds dynamic dimensions as data, which kernels cannot read")
+            arr = np.require(arr, requirements="C")
+            self.weights.append((name, arr))
+            self._weight_refs[name] = Ref("weight", len(self.weights) - 1, 0, arr.dtype,
+                                          tuple(int(d) for d in arr.shape))
+        return self._weight_refs[name]
+
+    def emit(self, spec: KernelSpec, inputs: Iterable[str], outputs: Sequence[tuple[str, Any, Sequence[Dim]]]) -> None:
+        """Record one kernel call reading ``inputs`` (names) and producing ``outputs`` (name, dtype, shape)."""
+        refs = [self._ref(n) for n in inputs]
+        idx = len(self.calls)
+        outs = [(np.dtype(dt), tuple(shape)) for _, dt, shape in outputs]
+        self.calls.append((spec, refs, outs))
+        for pos, ((name, _, _), (dt, shape)) in enumerate(zip(outputs, outs)):
+            self.tensors[name] = Operand(Ref("call", idx, pos, dt, shape), dt, shape)
+
+    def sole_consumer(self, name: str) -> onnx.NodeProto | None:
+        """The one node reading ``name`` when nothing else (and no graph output) does, else None."""
+        users = self._consumers.get(name, [])
+        if name in self.outputs or len(users) != 1:
+            return None
+        return users[0]
+
+    def is_used(self, name: str) -> bool:
+        """Whether any node or graph output reads ``name``."""
+        return bool(name) and (name in self.outputs or bool(self._consumers.get(name)))
+
+    def mark_fused(self, node: onnx.NodeProto) -> None:
+        """``node`` was folded into another node's kernel: the walk skips it."""
+        self._fused.add(id(node))
+
+    def take_epilogue(self, node: onnx.NodeProto, dtype: np.dtype,
+                      start: str | None = None) -> tuple[Callable[[str], str], str]:
+        """Unary activations that only consume ``node``'s first output (or ``start``), fused into its
+        kernel. Returns the composed C expression builder and the ONNX name the fused kernel produces.
+        """
+        from engine_onnx.ops.elementwise import unary_expression
+
+        current = start or node.output[0]
+        chain: list[Callable[[str], str]] = []
+        while current not in self.outputs:
+            users = self._consumers.get(current, [])
+            if len(users) != 1 or users[0].input[0] != current or len(users[0].output) != 1:
+                break
+            user = users[0]
+            try:
+                fn = unary_expression(self, user, dtype)
+            except NodeUnsupported:
+                break
+            if fn is None:
+                break
+            chain.append(fn)
+            self._fused.add(id(user))
+            current = user.output[0]
+
+        def apply(x: str) -> str:
+            for fn in chain:
+                x = fn(x)
+            return x
+        return apply, current
+
+    def next_id(self) -> int:
+        self._counter += 1
+        return self._counter
+
+    # -- the walk --------------------------------------------------------------------------------
+    def run(self) -> None:
+        from engine_onnx.folding import try_fold
+        from engine_onnx.ops import handler_for
+
+        for node in self.graph.node:
+            if id(node) in self._fused:
+                continue
+            if any(n in self.poisoned for n in node.input if n):
+                self.poisoned.update(o for o in node.output if o)
+                continue
+            try:
+                if try_fold(self, node):
+                    continue
+                handler = handler_for(node)
+                handler(self, node)
+            except (NodeUnsupported, DimError) as exc:
+                self.unsupported.append(UnsupportedNode(node.name, node.op_type, str(exc)))
+                self.poisoned.update(o for o in node.output if o)
+        if self.unsupported:
+            raise UnsupportedModelError(self.unsupported, self.name)
+        self._finish_outputs()
+
+    def _finish_outputs(self) -> None:
+        from engine_onnx.ops.shape import emit_constant, emit_copy
+
+        seen: set[Ref] = set()
+        self.output_operands: list[tuple[str, Operand]] = []
+        for name in self.outputs:
+            if name in self.consts or name not in self.tensors:
+                if self.value(name) is not None and self.value(name).dtype == object:
+                    raise UnsupportedModelError([UnsupportedNode(name, "output", "a graph output that holds "
+                                                                 "dynamic dimensions as data")], self.name)
+            if name in self.consts and self.consts[name].size <= 65536:
+                fresh = f"{name}#const{self.next_id()}"
+                emit_constant(self, name, fresh)
+                self.output_operands.append((name, self.tensors[fresh]))
+                continue
+            op = self.tensors.get(name)
+            if op is None or op.ref.kind != "call" or op.ref in seen or op.ref.shape != op.shape:
+                fresh = f"{name}#copy{self.next_id()}"
+                emit_copy(self, name, fresh)
+                op = self.tensors[fresh]
+            seen.add(op.ref)
+            self.output_operands.append((name, op))
+
+    # -- into the builder --------------------------------------------------------------------------
+    def specs(self) -> list[KernelSpec]:
+        unique: dict[tuple[str, tuple[str, ...]], KernelSpec] = {}
+        for spec, _, _ in self.calls:
+            unique.setdefault((spec.source, spec.entries), spec)
+        return list(unique.values())
+
+    def builder(self, registry=None) -> GraphBuilder:
+        b = GraphBuilder(self.name, registry=registry)
+        values: dict[Ref, Any] = {}
+        for i, (name, dtype, shape) in enumerate(self.inputs):
+            values[Ref("input", i, 0, dtype, shape)] = b.input(name, dtype.name, [dim_expr(d) for d in shape])
+        for i, (name, arr) in enumerate(self.weights):
+            values[self._weight_refs[name]] = b.weight(name, arr)
+        kdefs: dict[tuple[str, tuple[str, ...]], Any] = {}
+        for idx, (spec, refs, outs) in enumerate(self.calls):
+            key = (spec.source, spec.entries)
+            if key not in kdefs:
+                kdefs[key] = b.kernel(f"{spec.name}_{len(kdefs)}", entries=list(spec.entries), source=spec.source,
+                                      options=spec.options)
+            produced = b.call(kdefs[key], [values[r] for r in refs],
+                              [(dt.name, [dim_expr(d) for d in shape]) for dt, shape in outs],
+                              symbols=list(spec.symbols), workspace=spec.workspace)
+            for pos, ((dt, shape), v) in enumerate(zip(outs, produced)):
+                values[Ref("call", idx, pos, dt, shape)] = v
+        for name, op in self.output_operands:
+            b.output(values[op.ref], name)
+        return b
+
+
+def _initializer_array(init: onnx.TensorProto) -> np.ndarray:
+    """An initializer's array; raw little-endian data is viewed in place, not copied."""
+    if init.data_location == onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(init)
+    if init.raw_data and init.data_type in _DTYPES and init.data_type != onnx.TensorProto.BOOL:
+        dtype = np.dtype(_DTYPES[init.data_type]).newbyteorder("<")
+        return np.frombuffer(init.raw_data, dtype=dtype).reshape(tuple(init.dims))
+    return numpy_helper.to_array(init)

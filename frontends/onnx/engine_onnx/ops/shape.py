@@ -1,0 +1,361 @@
+"""Data movement: views (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout) and copies
+(Transpose, Slice, Expand, Concat, Split, Gather, ConstantOfShape, output copies).
+
+Tensors are contiguous and row-major, so a view costs nothing: the consumer reads the same bytes
+with another logical shape. Every strided copy (Transpose, Slice, Expand) is one generated loop
+nest over the output with per-axis input strides, axes merged where the strides allow.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
+from engine_onnx.dims import Dim, Mono, dim_c, dim_div, dims_product, symbols_of
+from engine_onnx.errors import NodeUnsupported
+from engine_onnx.ops import register
+
+__all__ = ["emit_copy", "strided_copy_source", "axes_of"]
+
+INT_MAX = 2 ** 62
+
+
+def axes_of(ctx, node, index: int = 1, attr: str = "axes") -> list[int] | None:
+    """Axes from the ``index``-th input (newer opsets) or the attribute (older ones)."""
+    if len(node.input) > index and node.input[index]:
+        return [int(a) for a in ctx.require_const(node.input[index], attr).reshape(-1)]
+    v = ctx.attr(node, attr, None)
+    return None if v is None else [int(a) for a in v]
+
+
+def _strides(shape: Sequence[Dim]) -> list[Dim]:
+    out: list[Dim] = []
+    run: Dim = 1
+    for d in reversed(shape):
+        out.insert(0, run)
+        run = run * d
+    return out
+
+
+def strided_copy_source(out_shape: Sequence[Dim], in_strides: Sequence[Dim], base: Dim, dtype: np.dtype) -> str:
+    """``out[i...] = in[base + sum(i_k * in_strides[k])]`` over the output's axes."""
+    sizes: list[Dim] = []
+    strides: list[Dim] = []
+    for size, st in zip(out_shape, in_strides):
+        if size == 1:
+            continue
+        if sizes and strides[-1] == st * size:
+            sizes[-1] = sizes[-1] * size
+            strides[-1] = st
+        else:
+            sizes.append(size)
+            strides.append(st)
+    t = ctype(dtype)
+    body = f"    const {t} *restrict in = (const {t} *)t[0] + {dim_c(base)};\n    {t} *restrict out = ({t} *)t[1];\n"
+    if not sizes:
+        body += "    out[0] = in[0];\n"
+    else:
+        idx = [f"i{k}" for k in range(len(sizes))]
+        for k, size in enumerate(sizes):
+            body += "    " * (k + 1) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {dim_c(size)}; {idx[k]}++)\n"
+        ostr = _strides(sizes)
+        o = " + ".join(f"{i} * {dim_c(s)}" for i, s in zip(idx, ostr))
+        src = " + ".join(f"{i} * {dim_c(s)}" for i, s in zip(idx, strides) if s != 0) or "0"
+        body += "    " * (len(sizes) + 1) + f"out[{o}] = in[{src}];\n"
+    return source_with_entries("", [("copy", body)], symbols_of([*out_shape, base, *in_strides]))
+
+
+def emit_copy(ctx, src: str, dst: str) -> None:
+    """A fresh contiguous copy of ``src`` (for graph outputs that are views, inputs or weights)."""
+    shape = ctx.shape(src)
+    dtype = ctx.dtype(src)
+    t = ctype(dtype)
+    n = dims_product(shape)
+    body = f"    memcpy(t[1], t[0], (size_t){dim_c(n)} * sizeof({t}));\n"
+    spec = KernelSpec("copy", source_with_entries("", [("copy", body)], symbols_of(shape)), ("copy",),
+                      tuple(symbols_of(shape)))
+    ctx.emit(spec, [src], [(dst, dtype, shape)])
+
+
+def emit_constant(ctx, src: str, dst: str) -> None:
+    """A graph output known at import, written by a kernel holding its (small) value."""
+    arr = np.require(ctx.const(src), requirements="C")
+    t = ctype(arr.dtype)
+    if arr.dtype.kind == "f":
+        items = [float(v).hex() if np.isfinite(v) else ("NAN" if np.isnan(v) else "INFINITY" if v > 0 else
+                                                          "-INFINITY") for v in arr.reshape(-1).tolist()]
+    else:
+        items = [str(int(v)) + ("ULL" if arr.dtype.kind == "u" else "LL") for v in arr.reshape(-1).tolist()]
+    if arr.size:
+        pre = f"static const {t} VALUE[{arr.size}] = {{{', '.join(items)}}};\n"
+        body = "    memcpy(t[0], VALUE, sizeof VALUE);\n"
+    else:
+        pre, body = "", ""
+    spec = KernelSpec("constant", source_with_entries(pre, [("constant", body)], ()), ("constant",))
+    ctx.emit(spec, [], [(dst, arr.dtype, tuple(int(d) for d in arr.shape))])
+
+
+@register("Identity")
+def _identity(ctx, node) -> None:
+    ctx.alias(node.output[0], node.input[0], ctx.shape(node.input[0]))
+
+
+@register("Dropout")
+def _dropout(ctx, node) -> None:
+    if len(node.input) > 2 and node.input[2]:
+        mode = ctx.require_const(node.input[2], "Dropout training_mode")
+        if bool(mode.reshape(-1)[0]):
+            raise NodeUnsupported("training_mode=True (only inference is supported)")
+    if len(node.output) > 1 and ctx.is_used(node.output[1]):
+        raise NodeUnsupported("the mask output is not supported (inference only)")
+    ctx.alias(node.output[0], node.input[0], ctx.shape(node.input[0]))
+
+
+@register("Reshape")
+def _reshape(ctx, node) -> None:
+    src = ctx.shape(node.input[0])
+    if ctx.opset < 5:
+        target = list(ctx.attr(node, "shape"))
+    else:
+        v = ctx.value(node.input[1])
+        if v is None:
+            raise NodeUnsupported("the target shape must be computable at import (constant or from Shape)")
+        target = list(v.reshape(-1))
+    allowzero = ctx.attr(node, "allowzero", 0)
+    out: list[Dim] = []
+    unknown = -1
+    for i, d in enumerate(target):
+        if isinstance(d, Mono):
+            out.append(d)
+        elif int(d) == 0 and not allowzero:
+            out.append(src[i])
+        elif int(d) == -1:
+            unknown = i
+            out.append(1)
+        else:
+            out.append(int(d))
+    if unknown >= 0:
+        out[unknown] = dim_div(dims_product(src), dims_product(out))
+    ctx.alias(node.output[0], node.input[0], out)
+
+
+@register("Flatten")
+def _flatten(ctx, node) -> None:
+    s = ctx.shape(node.input[0])
+    axis = int(ctx.attr(node, "axis", 1))
+    axis = axis + len(s) if axis < 0 else axis
+    ctx.alias(node.output[0], node.input[0], [dims_product(s[:axis]), dims_product(s[axis:])])
+
+
+@register("Squeeze")
+def _squeeze(ctx, node) -> None:
+    s = list(ctx.shape(node.input[0]))
+    axes = axes_of(ctx, node)
+    if axes is None:
+        if any(isinstance(d, Mono) for d in s):
+            raise NodeUnsupported("Squeeze without axes on a tensor with dynamic dimensions")
+        out = [d for d in s if d != 1]
+    else:
+        drop = {a % len(s) for a in axes}
+        out = [d for i, d in enumerate(s) if i not in drop]
+    ctx.alias(node.output[0], node.input[0], out)
+
+
+@register("Unsqueeze")
+def _unsqueeze(ctx, node) -> None:
+    s = list(ctx.shape(node.input[0]))
+    axes = axes_of(ctx, node)
+    rank = len(s) + len(axes)
+    for a in sorted(a % rank for a in axes):
+        s.insert(a, 1)
+    ctx.alias(node.output[0], node.input[0], s)
+
+
+@register("Transpose")
+def _transpose(ctx, node) -> None:
+    s = ctx.shape(node.input[0])
+    perm = ctx.attr(node, "perm", list(range(len(s)))[::-1])
+    st = _strides(s)
+    out = [s[p] for p in perm]
+    dtype = ctx.dtype(node.input[0])
+    spec = KernelSpec("transpose", strided_copy_source(out, [st[p] for p in perm], 0, dtype), ("copy",),
+                      tuple(symbols_of(out)))
+    ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, out)])
+
+
+def _slice_params(ctx, node, shape):
+    if ctx.opset < 10:
+        starts, ends = ctx.attr(node, "starts"), ctx.attr(node, "ends")
+        axes = ctx.attr(node, "axes", list(range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts = [int(x) for x in ctx.require_const(node.input[1], "Slice starts").reshape(-1)]
+        ends = [int(x) for x in ctx.require_const(node.input[2], "Slice ends").reshape(-1)]
+        axes = ([int(x) for x in ctx.require_const(node.input[3], "Slice axes").reshape(-1)]
+                if len(node.input) > 3 and node.input[3] else list(range(len(starts))))
+        steps = ([int(x) for x in ctx.require_const(node.input[4], "Slice steps").reshape(-1)]
+                 if len(node.input) > 4 and node.input[4] else [1] * len(starts))
+    return starts, ends, [a % len(shape) for a in axes], steps
+
+
+@register("Slice")
+def _slice(ctx, node) -> None:
+    s = list(ctx.shape(node.input[0]))
+    starts, ends, axes, steps = _slice_params(ctx, node, s)
+    begin: list[Dim] = [0] * len(s)
+    step: list[int] = [1] * len(s)
+    out = list(s)
+    for st, en, ax, sp in zip(starts, ends, axes, steps):
+        dim = s[ax]
+        if isinstance(dim, Mono):
+            if st == 0 and sp == 1 and en >= INT_MAX // 4:
+                continue
+            raise NodeUnsupported(f"slicing dynamic axis {ax} (only the full range is supported there)")
+        if sp == 0:
+            raise NodeUnsupported("step 0")
+        rng = range(dim)[slice(st, en, sp)]
+        out[ax] = len(rng)
+        begin[ax] = rng.start if len(rng) else 0
+        step[ax] = sp
+    strides = _strides(s)
+    base: Dim = 0
+    for b, stv in zip(begin, strides):
+        if b:
+            base = base + stv * b
+    dtype = ctx.dtype(node.input[0])
+    in_strides = [stv * sp for stv, sp in zip(strides, step)]
+    spec = KernelSpec("slice", strided_copy_source(out, in_strides, base, dtype), ("copy",),
+                      tuple(symbols_of([*out, *in_strides])))
+    ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, out)])
+
+
+@register("Expand")
+def _expand(ctx, node) -> None:
+    from engine_onnx.ops.elementwise import broadcast_shape
+
+    s = list(ctx.shape(node.input[0]))
+    v = ctx.value(node.input[1])
+    if v is None:
+        raise NodeUnsupported("the target shape must be computable at import")
+    out = list(broadcast_shape([s, [x if isinstance(x, Mono) else int(x) for x in v.reshape(-1)]]))
+    padded = [1] * (len(out) - len(s)) + s
+    st = _strides(padded)
+    in_strides = [0 if p == 1 and o != 1 else x for p, o, x in zip(padded, out, st)]
+    dtype = ctx.dtype(node.input[0])
+    spec = KernelSpec("expand", strided_copy_source(out, in_strides, 0, dtype), ("copy",),
+                      tuple(symbols_of([*out, *in_strides])))
+    ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, out)])
+
+
+@register("Concat")
+def _concat(ctx, node) -> None:
+    names = [n for n in node.input if n]
+    shapes = [list(ctx.shape(n)) for n in names]
+    rank = len(shapes[0])
+    axis = ctx.attr(node, "axis") % rank
+    dtype = ctx.dtype(names[0])
+    t = ctype(dtype)
+    outer = dims_product(shapes[0][:axis])
+    inners = [dims_product(sh[axis:]) for sh in shapes]
+    row = dims_product(shapes[0][axis + 1:])
+    total_axis: Dim = 0
+    for sh in shapes:
+        total_axis = total_axis + sh[axis]
+    out = shapes[0][:axis] + [total_axis] + shapes[0][axis + 1:]
+    body = f"    {t} *restrict out = ({t} *)t[{len(names)}];\n"
+    body += f"    const int64_t width = {dim_c(dims_product([total_axis, row]))};\n"
+    body += f"    for (int64_t o = 0; o < {dim_c(outer)}; o++) {{\n        int64_t at = o * width;\n"
+    for j, inner in enumerate(inners):
+        body += (f"        memcpy(out + at, (const {t} *)t[{j}] + o * {dim_c(inner)}, (size_t){dim_c(inner)} * "
+                 f"sizeof({t}));\n        at += {dim_c(inner)};\n")
+    body += "    }\n"
+    syms = tuple(symbols_of([*out, *inners]))
+    ctx.emit(KernelSpec("concat", source_with_entries("", [("concat", body)], syms), ("concat",), syms),
+             names, [(node.output[0], dtype, out)])
+
+
+@register("Split")
+def _split(ctx, node) -> None:
+    s = list(ctx.shape(node.input[0]))
+    axis = ctx.attr(node, "axis", 0) % len(s)
+    n_out = len(node.output)
+    if len(node.input) > 1 and node.input[1]:
+        sizes = [int(x) for x in ctx.require_const(node.input[1], "Split sizes").reshape(-1)]
+    elif ctx.attr(node, "split") is not None:
+        sizes = list(ctx.attr(node, "split"))
+    else:
+        dim = s[axis]
+        if isinstance(dim, Mono):
+            raise NodeUnsupported("splitting a dynamic axis")
+        part = -(-dim // n_out)
+        sizes = [min(part, dim - part * i) for i in range(n_out)]
+    dtype = ctx.dtype(node.input[0])
+    t = ctype(dtype)
+    outer = dims_product(s[:axis])
+    row = dims_product(s[axis + 1:])
+    width = dims_product([s[axis], row])
+    body = f"    const {t} *restrict in = (const {t} *)t[0];\n"
+    body += f"    for (int64_t o = 0; o < {dim_c(outer)}; o++) {{\n        int64_t at = o * {dim_c(width)};\n"
+    outs = []
+    for j, size in enumerate(sizes):
+        inner = dims_product([size, row])
+        body += (f"        memcpy((({t} *)t[{1 + j}]) + o * {dim_c(inner)}, in + at, (size_t){dim_c(inner)} * "
+                 f"sizeof({t}));\n        at += {dim_c(inner)};\n")
+        outs.append((node.output[j], dtype, s[:axis] + [size] + s[axis + 1:]))
+    body += "    }\n"
+    syms = tuple(symbols_of(s))
+    ctx.emit(KernelSpec("split", source_with_entries("", [("split", body)], syms), ("split",), syms),
+             [node.input[0]], outs)
+
+
+@register("Gather")
+def _gather(ctx, node) -> None:
+    data = list(ctx.shape(node.input[0]))
+    ind = list(ctx.shape(node.input[1]))
+    axis = ctx.attr(node, "axis", 0) % len(data)
+    dtype = ctx.dtype(node.input[0])
+    it = ctype(ctx.dtype(node.input[1]))
+    t = ctype(dtype)
+    outer = dims_product(data[:axis])
+    inner = dims_product(data[axis + 1:])
+    n_idx = dims_product(ind)
+    dim = data[axis]
+    out = data[:axis] + ind + data[axis + 1:]
+    body = (f"    const {t} *restrict in = (const {t} *)t[0]; const {it} *restrict idx = (const {it} *)t[1];\n"
+            f"    {t} *restrict out = ({t} *)t[2];\n"
+            f"    for (int64_t o = 0; o < {dim_c(outer)}; o++)\n"
+            f"        for (int64_t j = 0; j < {dim_c(n_idx)}; j++) {{\n"
+            f"            int64_t k = (int64_t)idx[j]; if (k < 0) k += {dim_c(dim)};\n"
+            f"            if (k < 0 || k >= {dim_c(dim)}) return 1;\n"
+            f"            memcpy(out + (o * {dim_c(n_idx)} + j) * {dim_c(inner)}, in + (o * {dim_c(dim)} + k) * "
+            f"{dim_c(inner)}, (size_t){dim_c(inner)} * sizeof({t}));\n        }}\n")
+    syms = tuple(symbols_of([*data, *ind]))
+    ctx.emit(KernelSpec("gather", source_with_entries("", [("gather", body)], syms), ("gather",), syms),
+             [node.input[0], node.input[1]], [(node.output[0], dtype, out)])
+
+
+@register("ConstantOfShape")
+def _constant_of_shape(ctx, node) -> None:
+    v = ctx.value(node.input[0])
+    if v is None:
+        raise NodeUnsupported("the shape must be computable at import")
+    out = [x if isinstance(x, Mono) else int(x) for x in v.reshape(-1)]
+    value = ctx.attr(node, "value", None)
+    arr = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    dtype = arr.dtype
+    from engine_onnx.ops.elementwise import lit
+
+    t = ctype(dtype)
+    body = (f"    {t} *restrict out = ({t} *)t[0];\n"
+            f"    for (int64_t i = 0; i < {dim_c(dims_product(out))}; i++) out[i] = {lit(arr[0].item(), dtype)};\n")
+    syms = tuple(symbols_of(out))
+    ctx.emit(KernelSpec("fill", source_with_entries("", [("fill", body)], syms), ("fill",), syms), [],
+             [(node.output[0], dtype, out)])
+
+
+@register("Constant", "Shape", "Size")
+def _folded_only(ctx, node) -> None:
+    """These are always folded at import (``folding``); reaching here means the fold failed."""
+    raise NodeUnsupported("cannot be evaluated at import (sparse or unsupported constant, or unknown shape)")
