@@ -106,7 +106,8 @@ class HipDriver:
             try:
                 err = hip.hipInit(0)[0]
             except RuntimeError as exc:  # hip-python raises this when libamdhip64.so cannot be opened
-                raise DriverMissing(f"no ROCm runtime library: {_LIBRARY} cannot be loaded ({exc})") from exc
+                raise DriverMissing(f"no ROCm runtime library: {_LIBRARY} cannot be loaded "
+                                    f"({_dlopen_failure() or exc})") from exc
             self._hip = hip
             name = self.error_name(int(err))
             if name in ("hipErrorNoDevice", "hipErrorInvalidDevice"):
@@ -300,3 +301,15 @@ def _uint64(value: int) -> Any:
 def _text(raw: Any) -> str:
     data = raw if isinstance(raw, (bytes, bytearray)) else str(raw).encode()
     return bytes(data).split(b"\0", 1)[0].decode(errors="replace").strip()
+
+
+def _dlopen_failure() -> str | None:
+    """The dynamic loader's own reason for not opening the runtime library (hip-python's message
+    shows it as Python bytes reprs), or ``None`` when it opens."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(_LIBRARY)
+    except OSError as exc:
+        return str(exc)
+    return None
