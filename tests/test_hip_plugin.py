@@ -29,8 +29,10 @@ from gpu_fakes import FakeDriver
 pytest.importorskip("engine_hip", reason="the engine-hip plugin is not installed (pip install -e plugins/hip)")
 from engine_hip.backend import HipBackend  # noqa: E402
 from engine_hip.kernels import hsaco_refusal  # noqa: E402
-from engine_hip.reference import SCALE_WS  # noqa: E402
+from engine_hip.reference import SOURCES  # noqa: E402
 from engine_hip.streams import sources_from  # noqa: E402
+
+SCALE_WS = SOURCES["scale_ws"][0]
 
 LAUNCH = {"grid": ["max(ceil_div(n, 128), 1)", 1, 1], "block": [128, 1, 1]}
 #: The reasons this plugin gives on a machine without a usable AMD GPU (docs/hip.md §2).
