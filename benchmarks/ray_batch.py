@@ -121,6 +121,8 @@ def ray_run(ray, ds, fn, args, actors: int, batch: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer rows and one round")
+    ap.add_argument("--batch-size", type=int, default=5000,
+                    help="rows per batch (default 5000: Ray's fixed per-batch cost is then a few per cent)")
     args = ap.parse_args(argv)
     try:
         import ray
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cache = C.isolated_cache()
     load_start = C.loadavg()
-    n_rows, batch, rounds = (20_000, 1000, 1) if args.quick else (60_000, 1000, 2)
+    n_rows, batch, rounds = (20_000, 1000, 1) if args.quick else (60_000, args.batch_size, 2)
     bundle = cache / "mlp-ray.cgb"
     build_mlp(d_in=D_IN, hidden=HIDDEN, classes=CLASSES).save(bundle)
 
