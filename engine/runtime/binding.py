@@ -57,7 +57,7 @@ class InputBinder:
         return tuple((s.np_dtype, s.on_cpu, s.rank, s.const_dims, s.sym_dims) for s in self.specs)
 
     def bind(self, inputs: Sequence[Any]) -> tuple[list[int], list[Any], tuple[int, ...]]:
-        if isinstance(inputs, (np.ndarray, Tensor)) or hasattr(inputs, "__dlpack__"):
+        if type(inputs) is not list and (isinstance(inputs, (np.ndarray, Tensor)) or hasattr(inputs, "__dlpack__")):
             # Iterating a single array would pass its rows as the inputs.
             raise InputError(f"the graph takes a list of {self.count} inputs, got a single "
                              f"{type(inputs).__name__}: pass [x]"
