@@ -667,14 +667,20 @@ def test_stub_driver_availability_reasons(stub_dir, tmp_path, env, reason):
 
 def test_stream_sources_follow_only_initialised_frameworks():
     """Real torch (a CPU build here): the torch source passes (None) without initialising CUDA."""
-    from engine_cuda.streams import sources_from, torch_stream
+    from engine.backend.gpu.settings import GpuPluginSettings
+    from engine_cuda.plugin import DEFAULT_STREAM_SOURCES
+    from engine_cuda.streams import SOURCES, torch_stream
+
+    def sources(names):
+        return GpuPluginSettings.from_env("cuda", SOURCES, DEFAULT_STREAM_SOURCES,
+                                          {"ENGINE_CUDA_STREAM_SOURCES": names}).stream_sources
 
     torch = pytest.importorskip("torch")
     assert torch_stream(0) is None
     assert not torch.cuda.is_initialized()
-    assert len(sources_from("torch, cupy")) == 2 and sources_from("") == []
+    assert len(sources("torch, cupy")) == 2 and sources("") == ()
     with pytest.raises(ValueError, match="ENGINE_CUDA_STREAM_SOURCES='jax': unknown source\\(s\\) \\['jax'\\]"):
-        sources_from("jax")
+        sources("jax")
 
 
 def test_an_invalid_setting_makes_the_plugin_fail_to_register_with_the_cause(tmp_path):

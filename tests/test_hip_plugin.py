@@ -30,7 +30,9 @@ pytest.importorskip("engine_hip", reason="the engine-hip plugin is not installed
 from engine_hip.backend import HipBackend  # noqa: E402
 from engine_hip.kernels import hsaco_refusal  # noqa: E402
 from engine_hip.reference import SOURCES  # noqa: E402
-from engine_hip.streams import sources_from  # noqa: E402
+from engine.backend.gpu.settings import GpuPluginSettings  # noqa: E402
+from engine_hip.plugin import DEFAULT_STREAM_SOURCES  # noqa: E402
+from engine_hip.streams import SOURCES as STREAM_SOURCES  # noqa: E402
 
 SCALE_WS = SOURCES["scale_ws"][0]
 
@@ -162,12 +164,18 @@ def test_hsaco_selection(target, device, reason):
 
 
 def test_stream_sources_follow_only_a_rocm_torch():
-    (torch_source,) = sources_from("torch")
-    assert sources_from("") == []
+    def settings(**env):
+        return GpuPluginSettings.from_env("hip", STREAM_SOURCES, DEFAULT_STREAM_SOURCES, env)
+
+    (torch_source,) = settings().stream_sources
+    assert settings(ENGINE_HIP_STREAM_SOURCES="").stream_sources == ()
     if "torch" in sys.modules and getattr(sys.modules["torch"].version, "hip", None) is None:
         assert torch_source(0) is None  # a CUDA or CPU build of torch is never followed
     with pytest.raises(ValueError, match=r"ENGINE_HIP_STREAM_SOURCES='cupy': unknown source\(s\) \['cupy'\]"):
-        sources_from("cupy")
+        settings(ENGINE_HIP_STREAM_SOURCES="cupy")
+    with pytest.raises(ValueError, match=r"ENGINE_HIP_SYNC='maybe': expected 0 or 1"):
+        settings(ENGINE_HIP_SYNC="maybe")
+    assert settings(ENGINE_HIP_SYNC="1").debug
 
 
 def test_an_invalid_setting_makes_the_plugin_fail_to_register_with_the_cause(tmp_path):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -436,24 +435,15 @@ def test_memory_report_per_slot(dag_graph):
         graph.memory_report(batch=3)
 
 
-def test_planning_a_new_key_of_a_1000_instruction_graph_is_fast(registry):
-    """The quadratic planner took ~70 ms here; this guards against regressions (benchmarks/planner.py
-    measures the figure itself)."""
+def test_new_keys_of_a_1000_instruction_graph_plan_at_the_lower_bound(registry):
+    """Every new key of a long graph, from a warm planner (its template reused) and from fresh
+    ones, plans at the lower bound. How fast that is is measured by benchmarks/planner.py."""
     contents = read_bundle(_scratch_chain(registry, 1000, scratch="n * 64 + 4").to_bytes())
     planner = GraphPlanner(contents, {"cpu": 64})
     planner.plan((1,))
-    times = []
     for n in range(2, 12):
-        t0 = time.perf_counter()
         plan = planner.plan((n,))
-        times.append(time.perf_counter() - t0)
         assert plan.workspace_bytes["cpu"] == plan.lower_bound_bytes["cpu"]
-    assert statistics.median(times) < 0.02, times
-    firsts = []  # the first key of a graph plans a template (about 20 ms before the vectorised fit)
     for n in (3, 5, 6):
-        fresh = GraphPlanner(contents, {"cpu": 64})
-        t0 = time.perf_counter()
-        plan = fresh.plan((n,))
-        firsts.append(time.perf_counter() - t0)
+        plan = GraphPlanner(contents, {"cpu": 64}).plan((n,))
         assert plan.workspace_bytes["cpu"] == plan.lower_bound_bytes["cpu"]
-    assert statistics.median(firsts) < 0.05, firsts

@@ -13,9 +13,9 @@ the two builds, so each checks which one it is looking at.)
 from __future__ import annotations
 
 import sys
-from typing import Callable, Sequence
+from typing import Callable
 
-__all__ = ["SOURCES", "torch_stream", "sources_from"]
+__all__ = ["SOURCES", "torch_stream"]
 
 
 def torch_stream(index: int) -> int | None:
@@ -30,12 +30,3 @@ def torch_stream(index: int) -> int | None:
 
 SOURCES: dict[str, Callable[[int], int | None]] = {"torch": torch_stream}
 
-
-def sources_from(names: str) -> Sequence[Callable[[int], int | None]]:
-    """The sources named in ``names`` (comma-separated); ``ValueError`` naming an unknown one."""
-    chosen = [n.strip().lower() for n in names.split(",") if n.strip()]
-    unknown = [n for n in chosen if n not in SOURCES]
-    if unknown:
-        raise ValueError(f"ENGINE_HIP_STREAM_SOURCES={names!r}: unknown source(s) {unknown}; known: "
-                         f"{', '.join(SOURCES)}")
-    return [SOURCES[n] for n in chosen]
