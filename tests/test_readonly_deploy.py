@@ -218,12 +218,12 @@ OPENCL_CHILD = textwrap.dedent(r"""
 """)
 
 
-def test_opencl_bundle_runs_with_an_unwritable_cache_dir(tmp_path, registry):
-    """The OpenCL plugin's program cache tolerates a cache directory that cannot be written.
-
-    (Only the cache directory: pyopencl itself keeps a cache under ``$XDG_CACHE_HOME``, so a
-    read-only HOME also needs ``XDG_CACHE_HOME`` pointed somewhere writable.)
-    """
+@pytest.mark.parametrize("unwritable", ["engine cache", "engine cache and user cache"])
+def test_opencl_bundle_runs_with_an_unwritable_cache_dir(tmp_path, registry, unwritable):
+    """The OpenCL plugin's program cache tolerates a cache directory that cannot be written, and so
+    does the stack below it: PoCL (which reports no device when it cannot create its kernel cache)
+    and pyopencl (which raises when it cannot create its own), both under ``$XDG_CACHE_HOME`` —
+    a read-only HOME."""
     rows = {r.kind: r for r in registry.devices()}
     if "opencl" not in rows or not rows["opencl"].available:
         pytest.skip(f"no usable OpenCL device: {rows['opencl'].reason if 'opencl' in rows else 'plugin absent'}")
@@ -232,6 +232,10 @@ def test_opencl_bundle_runs_with_an_unwritable_cache_dir(tmp_path, registry):
     blocker = tmp_path / "blocker"
     blocker.write_text("a regular file where a directory is expected\n")
     env = dict(os.environ, ENGINE_CACHE_DIR=str(blocker / "cache"))
+    if unwritable == "engine cache and user cache":
+        env["XDG_CACHE_HOME"] = str(blocker / "xdg")
+        env.pop("POCL_CACHE_DIR", None)
+        env.pop("PYOPENCL_NO_CACHE", None)
     done = subprocess.run([sys.executable, "-c", OPENCL_CHILD, str(bundle)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr

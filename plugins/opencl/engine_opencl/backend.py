@@ -72,7 +72,7 @@ class OpenCLBackend(BackendBase):
         if self._found is None:
             with self._lock:
                 if self._found is None:
-                    self._found = discover(self.selection, self.alignment)
+                    self._found = discover(self.selection, self.alignment, self.cache_dir)
         return self._found
 
     def availability(self) -> Availability:

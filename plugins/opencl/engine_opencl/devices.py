@@ -7,11 +7,17 @@ exception: ``engine devices`` must list the kind on any machine.
 
 from __future__ import annotations
 
+import logging
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from engine.backend import Availability
 
-__all__ = ["OpenCLDevice", "discover", "INSTALL_HINT"]
+__all__ = ["OpenCLDevice", "discover", "INSTALL_HINT", "ensure_writable_caches"]
+
+log = logging.getLogger("engine.opencl")
 
 INSTALL_HINT = ("pip install 'engine-opencl[pocl]' for PoCL's CPU device, or install your vendor's OpenCL "
                 "driver (an ICD listed in /etc/OpenCL/vendors)")
@@ -38,13 +44,60 @@ class OpenCLDevice:
         return f"<OpenCLDevice opencl:{self.index} {self.name}>"
 
 
-def discover(selection: str | None, alignment: int) -> tuple[list[OpenCLDevice], Availability]:
+def _writable_dir(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def _user_cache_base() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
+
+
+def ensure_writable_caches(cache_dir: Path) -> None:
+    """Keep the OpenCL stack working where its caches' default places cannot be written.
+
+    Two libraries below the plugin keep caches in the user's cache directory (``$XDG_CACHE_HOME``,
+    else ``~/.cache``) and break when it is read-only (a read-only HOME in a container):
+
+    * PoCL keeps compiled kernels under ``$POCL_CACHE_DIR`` (default ``<user cache>/pocl``) and,
+      when it cannot create it, reports no device at all. The variable is pointed at
+      ``<engine cache>/opencl/pocl`` or, failing that, a private temporary directory.
+    * pyopencl keeps generated argument-setting code under ``<user cache>/pytools`` and raises
+      when it cannot create it. ``PYOPENCL_NO_CACHE=1`` turns that cache off (the plugin keeps
+      its own cache of built programs; the generated code is rebuilt per process, which is cheap).
+
+    Only variables the user left unset are set, each with one WARNING; both are read when the
+    library initialises (PoCL at the first OpenCL call, pyopencl at import), so this runs before
+    either, and a process where they are already loaded is unaffected.
+    """
+    base = _user_cache_base()
+    if not os.environ.get("POCL_CACHE_DIR") and not _writable_dir(base / "pocl"):
+        chosen = Path(cache_dir) / "opencl" / "pocl"
+        if not _writable_dir(chosen):
+            chosen = Path(tempfile.mkdtemp(prefix="engine-pocl-"))
+        os.environ["POCL_CACHE_DIR"] = str(chosen)
+        log.warning("PoCL's kernel cache %s cannot be written; using %s (set POCL_CACHE_DIR to choose)",
+                    base / "pocl", chosen)
+    if "PYOPENCL_NO_CACHE" not in os.environ and not _writable_dir(base / "pytools"):
+        os.environ["PYOPENCL_NO_CACHE"] = "1"
+        log.warning("pyopencl's cache %s cannot be written; running without it (PYOPENCL_NO_CACHE=1)",
+                    base / "pytools")
+
+
+def discover(selection: str | None, alignment: int,
+             cache_dir: Path | None = None) -> tuple[list[OpenCLDevice], Availability]:
     """The usable devices and the kind's availability.
 
     ``selection`` keeps the devices whose "platform / device / type" contains one of its
     comma-separated terms; ``alignment`` is the backend's, which every device's sub-buffer
-    alignment must divide (the planner places tensors at multiples of it).
+    alignment must divide (the planner places tensors at multiples of it); ``cache_dir`` (the
+    engine's) is where PoCL's cache goes when its own place cannot be written.
     """
+    if cache_dir is not None:
+        ensure_writable_caches(cache_dir)
     try:
         import pyopencl as cl
     except ImportError as exc:
