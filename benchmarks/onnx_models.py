@@ -2,9 +2,12 @@
 
 Models: ONNX's shipped ``light`` set with seeded random weights (``engine_onnx.zoo``; the shipped
 constant weights drive activations into denormals, which measures the FPU, not the engine), made
-batch-generic (``zoo.batch_generalised``) so both runtimes run batch 1 and 8, plus a 4-layer
-torch transformer encoder (d_model 64, 4 heads, sequence 16) exported with dynamic batch and
-sequence. For each model and batch:
+batch-generic (``zoo.batch_generalised``) so both runtimes run batch 1 and 8, plus models written
+in torch and exported with dynamic axes (``engine_onnx.zoo``, random weights): ResNet-18 and
+MobileNetV2 (``resnet18``, ``mobilenetv2``; 3×224×224), a 4-layer transformer encoder (``encoder``;
+d_model 64, 4 heads, sequence 16) and a 4-layer BERT-style encoder (``bert``; hidden 128, vocabulary
+1000, sequence 64, int64 token ids and a padded attention mask). A model the importer refuses is
+reported (printed and in the results' notes) and the others still run. For each model and batch:
 
 * ``engine``: ``graph.run_async([x])`` after the key is tuned (default tuning options);
 * ``onnxruntime``: ``InferenceSession.run`` with ``intra_op_num_threads`` = engine's OpenMP threads
@@ -40,17 +43,38 @@ QUICK = ("squeezenet", "shufflenet", "encoder")
 TOL = 1e-4
 
 
+TORCH_MODELS = ("resnet18", "mobilenetv2", "encoder", "bert")
+BERT_SEQ = 64
+
+
 def load_model(name: str):
     import onnx
     from engine_onnx import zoo
 
     if name == "encoder":
         return zoo.transformer_encoder(layers=4, seq=16)
+    if name == "resnet18":
+        return zoo.resnet18()
+    if name == "mobilenetv2":
+        return zoo.mobilenet_v2()
+    if name == "bert":
+        return zoo.bert_encoder(layers=4)
     return zoo.batch_generalised(zoo.with_random_weights(onnx.load(zoo.light_model_path(name))))
 
 
 def input_shape(name: str, batch: int) -> tuple[int, ...]:
     return (batch, 16, 64) if name == "encoder" else (batch, 3, 224, 224)
+
+
+def model_inputs(name: str, model, batch: int) -> dict:
+    """The inputs by graph input name: token ids and a padded 0/1 mask for bert, normal floats otherwise."""
+    import numpy as np
+    from engine_onnx import zoo
+
+    if name == "bert":
+        return zoo.bert_inputs(batch, BERT_SEQ, seed=batch)
+    x = np.random.default_rng(batch).standard_normal(input_shape(name, batch)).astype(np.float32)
+    return {zoo.graph_inputs(model)[0].name: x}
 
 
 def bench_model(name: str, *, rounds: int, round_s: float) -> list[dict]:
@@ -72,16 +96,17 @@ def bench_model(name: str, *, rounds: int, round_s: float) -> list[dict]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = int(os.environ["ENGINE_CPU_NUM_THREADS"])
     sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    in_name = zoo.graph_inputs(model)[0].name
+    in_names = [vi.name for vi in zoo.graph_inputs(model)]
     rows = []
     for batch in BATCHES:
-        x = np.random.default_rng(batch).standard_normal(input_shape(name, batch)).astype(np.float32)
-        ref = sess.run(None, {in_name: x})[0]
-        out = graph.run_async([x])[0].numpy()  # tunes this key
+        feeds = model_inputs(name, model, batch)
+        xs = [feeds[n] for n in in_names]
+        ref = sess.run(None, feeds)[0]
+        out = graph.run_async(xs)[0].numpy()  # tunes this key
         err = np.abs(out - ref)
         if not np.all(err <= TOL * np.abs(ref) + TOL * np.abs(ref).max()):
             C.fail(f"{name} batch {batch}: engine and onnxruntime disagree (max abs difference {err.max():.3g})")
-        t = C.interleaved({"engine": lambda: graph.run_async([x]), "ort": lambda: sess.run(None, {in_name: x})},
+        t = C.interleaved({"engine": lambda: graph.run_async(xs), "ort": lambda: sess.run(None, feeds)},
                           rounds=rounds, round_s=round_s, warmup=2)
         rows.append({"model": name, "batch": batch, "engine_ms": round(t["engine"].min * 1e3, 3),
                      "ort_ms": round(t["ort"].min * 1e3, 3), "ratio": round(t["engine"].min / t["ort"].min, 3),
@@ -92,24 +117,30 @@ def bench_model(name: str, *, rounds: int, round_s: float) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from engine_onnx import zoo
+    from engine_onnx import UnsupportedModelError, zoo
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="three small models, fewer rounds")
-    ap.add_argument("--models", nargs="+", choices=(*zoo.LIGHT_MODELS, "encoder"), metavar="NAME")
+    ap.add_argument("--models", nargs="+", choices=(*zoo.LIGHT_MODELS, *TORCH_MODELS), metavar="NAME")
     ap.add_argument("--threads", type=int, default=None,
                     help=f"threads for both runtimes (default: ENGINE_CPU_NUM_THREADS, else the {THREADS} cores)")
     args = ap.parse_args(argv)
     threads = args.threads or int(os.environ.get("ENGINE_CPU_NUM_THREADS") or THREADS)
     # Read when the CPU plugin is created and when OpenMP starts, both later than this.
     os.environ["ENGINE_CPU_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(threads)
-    names = args.models or (QUICK if args.quick else (*zoo.LIGHT_MODELS, "encoder"))
+    names = args.models or (QUICK if args.quick else (*zoo.LIGHT_MODELS, *TORCH_MODELS))
     rounds, round_s = (3, 0.2) if args.quick else (7, 0.5)
     load = C.loadavg()
-    rows = []
+    rows, refused = [], []
     for name in names:
         print(f"{name} ...", flush=True)
-        rows.extend(bench_model(name, rounds=rounds, round_s=round_s))
+        try:
+            rows.extend(bench_model(name, rounds=rounds, round_s=round_s))
+        except UnsupportedModelError as exc:  # reported, not measured; the other models still run
+            print(f"{name}: not converted: {exc}", flush=True)
+            refused.append(f"{name}: not converted: {exc}")
+    if not rows:
+        C.fail("no model could be converted: " + "; ".join(refused))
     table = [[r["model"], r["batch"], f"{r['engine_ms']:.2f}", f"{r['ort_ms']:.2f}", f"{r['ratio']:.2f}x",
               f"{r['convert_cold_s']:.1f}", f"{r['convert_warm_s']:.2f}"] for r in rows]
     print(C.format_table(["model", "batch", "engine ms", "ort ms", "engine/ort", "convert cold s",
@@ -134,7 +165,9 @@ def main(argv: list[str] | None = None) -> dict:
                                                       "batches": list(BATCHES), "rounds": rounds,
                                                       "models": list(names)},
                     rows=rows, summary=summary,
-                    notes=["light models with seeded random weights, batch made generic (zoo.batch_generalised)"])
+                    notes=["light models with seeded random weights, batch made generic (zoo.batch_generalised)",
+                           "resnet18, mobilenetv2, encoder, bert: written in torch (engine_onnx.zoo), random weights, "
+                           f"exported with dynamic axes; bert at sequence {BERT_SEQ}", *refused])
     return {"summary": summary, "rows": rows}
 
 

@@ -6,7 +6,7 @@
 files. ``docs/plugins.md`` is the guide; ``engine.testing`` the conformance suite.
 """
 
-from engine.backend.base import BackendBase, BinaryRefused, KernelBase, kernel_failure
+from engine.backend.base import BackendBase, BinaryRefused, CandidateUnavailable, KernelBase, kernel_failure
 from engine.backend.contract import (API_CHANGES, API_VERSION, Availability, Backend, BinaryPayload, CandidateSpec,
                                      DevicePtr, Event, FusedLaunch, HasNativeLaunch, Kernel, LaunchConfig, LaunchDims,
                                      NativeLaunch, PreparedLaunch, ReferenceKernel, Replayable, Stream)
@@ -37,5 +37,6 @@ __all__ = [
     "Backend",
     "BackendBase",
     "BinaryRefused",
+    "CandidateUnavailable",
     "kernel_failure",
 ]

@@ -32,13 +32,20 @@ from engine.device import Device
 from engine.errors import KernelError, OutOfMemoryError, Unsupported
 from engine.storage import Storage
 
-__all__ = ["BackendBase", "KernelBase", "BinaryRefused", "kernel_failure"]
+__all__ = ["BackendBase", "KernelBase", "BinaryRefused", "CandidateUnavailable", "kernel_failure"]
 
 
 class BinaryRefused(KernelError):
     """Raised by ``_load_binary`` when a binary that looked loadable turns out not to be (a driver
     that refuses a PTX version, a program that does not build for this device): selection moves on
     to the next binary and the reason is listed if none loads."""
+
+
+class CandidateUnavailable(KernelError):
+    """Raised by ``_load_binary`` when a candidate needs something optional this machine lacks (a
+    library shipped in a wheel that is not installed): unlike other ``KernelError``s it does not
+    stop the bundle from loading. The core runs the kernel's other candidates in its place and
+    logs one warning per load; only when no candidate of a kernel loads is the error raised."""
 
 
 class BackendBase:

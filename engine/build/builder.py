@@ -64,6 +64,8 @@ class KernelDef:
     binaries: tuple[Mapping[str, Any], ...]
     options: Mapping[str, Any]
     launch: tuple[Mapping[str, Any] | None, ...]
+    #: Entries compiled from a source of their own: entry -> (source, compile options).
+    entry_code: Mapping[str, tuple[str, Mapping[str, Any]]] = attrs.field(factory=dict)
 
 
 def _sig(dtype: Any, shape: Sequence[int | str], device: str) -> TensorSignature:
@@ -114,20 +116,33 @@ class GraphBuilder:
     def kernel(self, name: str, *, device: str = "cpu", entries: Sequence[str], source: str | None = None,
                language: str | None = None, binaries: Sequence[Mapping[str, Any]] = (),
                options: Mapping[str, Any] | None = None,
-               launch: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None) -> KernelDef:
+               launch: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+               entry_code: Mapping[str, tuple[str, Mapping[str, Any] | None]] | None = None) -> KernelDef:
         """Define a kernel with one candidate per entry. Give ``source`` (+ ``language``) or ``binaries``
-        (dicts with format, target, path, data); ``launch`` is one dict for all candidates or a list."""
+        (dicts with format, target, path, data); ``launch`` is one dict for all candidates or a list.
+
+        ``entry_code`` gives some entries a source of their own (``entry: (source, options)``, same
+        language): they get their own binaries, so a candidate that needs something optional (a
+        library from a wheel) does not make the kernel's other candidates need it too.
+        """
         if not entries:
             raise InputError(f"kernel {name!r}: at least one entry (candidate) is required")
-        if (source is None) == (not binaries):
-            raise InputError(f"kernel {name!r}: give either source= or binaries=")
-        if source is not None and language is None:
+        own = {str(e): (code[0], dict(code[1] or {})) for e, code in (entry_code or {}).items()}
+        if (source is None and not own) == (not binaries) or (binaries and own):
+            raise InputError(f"kernel {name!r}: give either source= (and/or entry_code=) or binaries=")
+        stray = sorted(set(own) - set(entries))
+        if stray:
+            raise InputError(f"kernel {name!r}: entry_code names {stray}, which are not among its entries {list(entries)}")
+        if source is None and own and any(e not in own for e in entries):
+            raise InputError(f"kernel {name!r}: entries {[e for e in entries if e not in own]} have no code: "
+                             "give source= or an entry_code for each")
+        if (source is not None or own) and language is None:
             language = "c"
         launches = tuple(launch) if isinstance(launch, (list, tuple)) else (launch,) * len(entries)
         if len(launches) != len(entries):
             raise InputError(f"kernel {name!r}: {len(launches)} launch configurations for {len(entries)} entries")
         return KernelDef(name, device, tuple(entries), language, source, tuple(binaries), dict(options or {}),
-                         launches)  # type: ignore[arg-type]  # launches: one mapping (or None) per entry
+                         launches, own)  # type: ignore[arg-type]  # launches: one mapping (or None) per entry
 
     def call(self, kernel: KernelDef, inputs: Sequence[Value], outputs: Sequence[tuple[Any, Sequence[int | str]]],
              *, symbols: Sequence[str] = (), workspace: int | str = 0,
@@ -164,7 +179,7 @@ class GraphBuilder:
         kernels: list[KernelMeta] = []
         binaries: dict[str, Any] = {}
         task_of: dict[str, int] = {}
-        compiled: dict[int, list[tuple[str, BinaryMeta, Any]]] = {}
+        compiled: dict[Any, tuple[list[BinaryMeta], list[tuple[str, Any]]]] = {}
         instructions: list[tuple[int, list[int], list[int]]] = []
         tensor_sigs = [s for _, s in self._inputs] + [_sig(a.dtype, a.shape, d) for _, a, d in self._weights]
         for kdef, ins, outs, opts in self._calls:
@@ -180,40 +195,15 @@ class GraphBuilder:
                 task_of[key] = len(kernels)
                 kernels.append(meta)
                 if not opts.get("copy"):
-                    for path, data in self._candidates(kdef, compiled)[0][1]:
-                        binaries[f"kernels/{task_of[key]}/{path}"] = data
+                    for _, files in self._candidates(kdef, compiled):
+                        for path, data in files:
+                            binaries[f"kernels/{task_of[key]}/{path}"] = data
             first = len(tensor_sigs)
             tensor_sigs.extend(outs)
             instructions.append((task_of[key], [v.index for v in ins], list(range(first, first + len(outs)))))
         return self._assemble(kernels, binaries, instructions, tensor_sigs)
 
-    def _candidates(self, kdef: KernelDef, cache: dict[int, Any]) -> list[tuple[CandidateMeta, list[tuple[str, Any]]]]:
-        if id(kdef) not in cache:
-            files: list[tuple[str, Any]] = []
-            metas: list[BinaryMeta] = []
-            if kdef.source is not None:
-                backend = self.registry.backend(kdef.device)
-                built = backend.compile(kdef.source, kdef.language or "c", kdef.options)
-                for i, b in enumerate(built):
-                    path = f"{kdef.name}{_suffix(b.format, b.path)}"
-                    if any(m.path == path for m in metas):  # e.g. two cubins for two archs: name the target
-                        path = f"{kdef.name}.{_file_part(b.target)}{_suffix(b.format, b.path)}"
-                    if any(m.path == path for m in metas):
-                        path = f"{kdef.name}.{i}{_suffix(b.format, b.path)}"
-                    metas.append(BinaryMeta(b.format, b.target, path))
-                    files.append((path, bytes(b.data)))
-                fmt = _SOURCE_FORMATS.get(kdef.language or "c", f"{kdef.language}-source")
-                if not any(m.format == fmt for m in metas):  # ship the source unless compile() did
-                    src_path = f"{kdef.name}{_SOURCE_SUFFIX.get(kdef.language or 'c', '.src')}"
-                    metas.append(BinaryMeta(fmt, "any", src_path))
-                    files.append((src_path, kdef.source.encode("utf-8")))
-            else:
-                for i, given in enumerate(kdef.binaries):
-                    path = str(given.get("path") or f"{kdef.name}.{i}.bin")
-                    metas.append(BinaryMeta(str(given["format"]), str(given.get("target", "any")), path))
-                    files.append((path, bytes(given["data"])))
-            cache[id(kdef)] = (metas, files)
-        metas, files = cache[id(kdef)]
+    def _candidates(self, kdef: KernelDef, cache: dict[Any, Any]) -> list[tuple[CandidateMeta, list[tuple[str, Any]]]]:
         out = []
         for entry, launch in zip(kdef.entries, kdef.launch):
             lm = None
@@ -221,8 +211,50 @@ class GraphBuilder:
                 lm = LaunchMeta(tuple(parse_expr(v) for v in launch["grid"]),  # type: ignore[arg-type]
                                 tuple(parse_expr(v) for v in launch["block"]),  # type: ignore[arg-type]
                                 parse_expr(launch.get("shared_memory", 0)))
+            if entry in kdef.entry_code:
+                source, options = kdef.entry_code[entry]
+                key: Any = (id(kdef), entry)
+                if key not in cache:
+                    cache[key] = self._compiled(kdef, source, options, f"{kdef.name}.{entry}")
+            else:
+                key = id(kdef)
+                if key not in cache:
+                    cache[key] = (self._compiled(kdef, kdef.source, kdef.options, kdef.name) if kdef.source is not None
+                                  else self._given(kdef))
+            metas, files = cache[key]
             out.append((CandidateMeta(entry, tuple(metas), lm), files))
         return out
+
+    def _compiled(self, kdef: KernelDef, source: str, options: Mapping[str, Any],
+                  stem: str) -> tuple[list[BinaryMeta], list[tuple[str, Any]]]:
+        """``source`` built by the kernel's plugin, shipped beside its binaries under ``stem``."""
+        files: list[tuple[str, Any]] = []
+        metas: list[BinaryMeta] = []
+        backend = self.registry.backend(kdef.device)
+        for i, b in enumerate(backend.compile(source, kdef.language or "c", options)):
+            path = f"{stem}{_suffix(b.format, b.path)}"
+            if any(m.path == path for m in metas):  # e.g. two cubins for two archs: name the target
+                path = f"{stem}.{_file_part(b.target)}{_suffix(b.format, b.path)}"
+            if any(m.path == path for m in metas):
+                path = f"{stem}.{i}{_suffix(b.format, b.path)}"
+            metas.append(BinaryMeta(b.format, b.target, path))
+            files.append((path, bytes(b.data)))
+        fmt = _SOURCE_FORMATS.get(kdef.language or "c", f"{kdef.language}-source")
+        if not any(m.format == fmt for m in metas):  # ship the source unless compile() did
+            src_path = f"{stem}{_SOURCE_SUFFIX.get(kdef.language or 'c', '.src')}"
+            metas.append(BinaryMeta(fmt, "any", src_path))
+            files.append((src_path, source.encode("utf-8")))
+        return metas, files
+
+    @staticmethod
+    def _given(kdef: KernelDef) -> tuple[list[BinaryMeta], list[tuple[str, Any]]]:
+        files: list[tuple[str, Any]] = []
+        metas: list[BinaryMeta] = []
+        for i, given in enumerate(kdef.binaries):
+            path = str(given.get("path") or f"{kdef.name}.{i}.bin")
+            metas.append(BinaryMeta(str(given["format"]), str(given.get("target", "any")), path))
+            files.append((path, bytes(given["data"])))
+        return metas, files
 
     def _assemble(self, kernels: list[KernelMeta], binaries: dict[str, Any],
                   instructions: list[tuple[int, list[int], list[int]]],

@@ -39,7 +39,7 @@ from engine.runtime.runtime import GraphRuntime, Lane, RunStats, open_devices
 from engine.runtime.profile import Profile, ProfileRecorder
 from engine.runtime.trace import TraceRecorder, write_trace
 from engine.runtime.tuning import CandidateTiming, TuningOptions, TuningStats
-from engine.runtime.tasks import CompiledTask
+from engine.runtime.tasks import CompiledTask, availability_tag
 from engine.runtime.weights import check_weights
 from engine.storage import ExternalStorage, Storage, close_all
 from engine.tensor import Tensor, from_dlpack, tensor_from_numpy
@@ -63,11 +63,12 @@ class CompiledGraph:
         self._contents = contents
         registry = registry if registry is not None else default_registry()
         devices, tag = open_devices(contents, registry, device)
-        #: Which devices tuning results are valid for (the dispatch cache is keyed by it).
-        self.device_tag = tag
         self._runtime = GraphRuntime(contents, devices)
         self._binder = self._runtime.binder
         self._tasks = self._runtime.tasks
+        #: Which devices (and loadable candidates) tuning results are valid for (the dispatch cache
+        #: is keyed by it).
+        self.device_tag = tag = availability_tag(tag, self._tasks)
         self._dispatcher = Dispatcher(contents, [len(t.candidates) for t in self._tasks], registry.settings, tag,
                                       dispatch_policy, self._runtime.invalidate)
         #: The Chrome trace the latest ``tune()`` wrote (``None`` until one tuned a key).

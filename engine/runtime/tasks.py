@@ -3,23 +3,35 @@
 Builtin ``copy`` tasks (cross-device copies, DESIGN §3) have no candidates; the core performs them
 with the plugins' copy calls through ``CopyLaunch``, which has the same shape as a backend's
 prepared launch so the fast path treats every step alike.
+
+A candidate whose plugin raises ``CandidateUnavailable`` (it needs an optional library this machine
+lacks) does not stop the load: its place in ``candidates`` is taken by the kernel's first candidate
+that did load, so candidate indices (dispatch-table rows, tuning) keep their meaning and every
+choice runs correct code, and ``unavailable`` records why. One warning per load lists them. A
+kernel none of whose candidates loads raises the first candidate's error. Tuned rows of such a load
+are cached under their own device tag (``availability_tag``), apart from rows tuned where every
+candidate loaded.
 """
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, Sequence
+import hashlib
+from typing import Any, Mapping, NoReturn, Sequence
 
 import attrs
 import numpy as np
 
-from engine.backend import BackendBase, BinaryPayload, CandidateSpec, Kernel, LaunchConfig
+from engine.backend import BackendBase, BinaryPayload, CandidateSpec, CandidateUnavailable, Kernel, LaunchConfig
 from engine.bundle.contents import BundleContents
 from engine.bundle.schema import KernelMeta
 from engine.errors import KernelError
 from engine.hostptr import array_address
+from engine.log import get_logger
 from engine.tensor import host_wait
 
 __all__ = ["CompiledTask", "CopyLaunch", "load_tasks"]
+
+log = get_logger("engine.runtime.tasks")
 
 
 @attrs.define(eq=False)
@@ -31,6 +43,9 @@ class CompiledTask:
     backend: BackendBase
     device_index: int
     candidates: tuple[Kernel, ...]
+    #: Candidates that could not load here (index -> reason); their places in ``candidates`` hold
+    #: the first candidate that did.
+    unavailable: Mapping[int, str] = attrs.field(factory=dict)
 
     @property
     def name(self) -> str:
@@ -95,10 +110,12 @@ def load_tasks(contents: BundleContents, backends: dict[str, BackendBase],
                device_index: dict[str, int]) -> tuple[CompiledTask, ...]:
     """Load every candidate of every kernel (binaries are hash-checked as they are read)."""
     tasks = []
+    missing: list[CandidateUnavailable] = []
     for k, meta in enumerate(contents.kernels):
         backend = backends[meta.device]
         index = device_index[meta.device]
-        loaded: list[Kernel] = []
+        loaded: list[Kernel | None] = []
+        unavailable: dict[int, CandidateUnavailable] = {}
         for c, cand in enumerate(meta.candidates):
             binaries = tuple(BinaryPayload(b.format, b.target, b.path, contents.binary(k, b.path))
                              for b in cand.binaries)
@@ -112,13 +129,35 @@ def load_tasks(contents: BundleContents, backends: dict[str, BackendBase],
             )
             try:
                 loaded.append(backend.load_kernel(spec, index))
+            except CandidateUnavailable as exc:
+                loaded.append(None)
+                unavailable[c] = exc
             except KernelError:
                 raise
             except Exception as exc:  # a plugin bug (outside BackendBase's loop) must still name the kernel
                 raise KernelError(f"{spec.describe()}: the {meta.device} plugin failed to load it: "
                                   f"{type(exc).__name__}: {exc}") from exc
-        tasks.append(CompiledTask(k, meta, backend, index, tuple(loaded)))
+        if unavailable:
+            standin = next((kernel for kernel in loaded if kernel is not None), None)
+            if standin is None:
+                raise next(iter(unavailable.values()))
+            loaded = [standin if kernel is None else kernel for kernel in loaded]
+            missing.extend(unavailable.values())
+        tasks.append(CompiledTask(k, meta, backend, index, tuple(loaded),  # type: ignore[arg-type]
+                                  {c: str(exc) for c, exc in unavailable.items()}))
+    if missing:
+        log.warning("%d kernel candidate(s) cannot load here and their kernels run another candidate instead; "
+                    "the first: %s", len(missing), missing[0])
     return tuple(tasks)
+
+
+def availability_tag(device_tag: str, tasks: Sequence[CompiledTask]) -> str:
+    """``device_tag`` (what tuned rows are keyed by), changed when some candidates could not load:
+    rows tuned while a candidate ran as a stand-in are then kept apart from those tuned with it."""
+    missing = [(t.index, c) for t in tasks for c in sorted(t.unavailable)]
+    if not missing:
+        return device_tag
+    return hashlib.sha256(f"{device_tag}|unavailable={missing}".encode()).hexdigest()[:16]
 
 
 def candidate_counts(tasks: Sequence[CompiledTask]) -> list[int]:

@@ -32,7 +32,8 @@ def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
                    help="the bundle to write (.cgb; a path ending in / writes the directory form)")
     p.add_argument("--symbol", metavar="NAME", help="make the leading dimension of every input a symbol NAME")
     p.add_argument("--device", default="cpu", metavar="KINDS",
-                   help="device kinds to generate kernels for (only 'cpu' is available so far)")
+                   help="device kinds to generate kernels for, comma-separated (only 'cpu' so far: engine-onnx has no "
+                        "CUDA kernels yet)")
     p.set_defaults(func=run)
 
 
@@ -41,8 +42,13 @@ def run(args: argparse.Namespace) -> int:
     from engine.cli.progress import Progress
 
     kinds = [k.strip() for k in args.device.split(",") if k.strip()]
-    if kinds != ["cpu"]:
-        raise UsageError(f"--device {args.device}: engine-onnx generates cpu kernels only; expected --device cpu")
+    others = [k for k in kinds if k != "cpu"]
+    if not kinds:
+        raise UsageError(f"--device {args.device!r}: no device kind named; expected --device cpu (the default)")
+    if others:
+        raise UsageError(f"--device {args.device}: engine-onnx generates kernels for the cpu plugin only (no "
+                         f"{', '.join(others)} kernels yet: they wait for that plugin's compile()); "
+                         f"expected --device cpu (the default)")
     if not Path(args.model).is_file():
         raise UsageError(f"{args.model}: no such file; expected an .onnx model")
     from engine_onnx.convert import convert

@@ -13,9 +13,12 @@ from typing import Sequence
 import attrs
 import numpy as np
 
+from engine_cpu.libraries import link_directives
+
 from engine_onnx.errors import NodeUnsupported
 
-__all__ = ["KernelSpec", "ctype", "prologue", "HEADER", "source_with_entries"]
+__all__ = ["KernelSpec", "ctype", "prologue", "HEADER", "source_with_entries", "kernel_sources", "cpu_options",
+           "OWN_BINARY_ROUTINES"]
 
 HEADER = "#include <stdint.h>\n#include <string.h>\n#include <tgmath.h>\n#undef I\n"
 
@@ -35,19 +38,39 @@ def ctype(dtype: np.dtype | str) -> str:
         raise NodeUnsupported(f"dtype {name} has no C kernels") from None
 
 
+def cpu_options(source: str) -> dict:
+    """The CPU compile options a source needs: OpenMP when it uses it, ``link`` for the libraries
+    its ``// engine-cpu: link NAME`` lines name (``ops/gemm_blas.py``)."""
+    options: dict = {"openmp": True} if "#pragma omp" in source else {}
+    libraries = link_directives(source)
+    if libraries:
+        options["link"] = list(libraries)
+    return options
+
+
 @attrs.frozen
 class KernelSpec:
-    """One kernel task: C source, its candidate entries, the graph symbols it reads, its scratch."""
+    """One kernel task: C source, its candidate entries, the graph symbols it reads, its scratch.
+
+    ``entry_sources`` (entry, source) are entries compiled from a source of their own, apart from
+    ``source`` (which holds the others): a candidate that needs an optional library (a BLAS from a
+    wheel) then does not make the portable candidates need it too.
+    """
 
     name: str
     source: str
     entries: tuple[str, ...]
     symbols: tuple[str, ...] = ()
     workspace: int | str = 0
+    entry_sources: tuple[tuple[str, str], ...] = ()
 
     @property
     def options(self) -> dict:
-        return {"openmp": True} if "#pragma omp" in self.source else {}
+        return cpu_options(self.source)
+
+    def sources(self) -> list[tuple[str, dict]]:
+        """Every distinct source to compile, with its options."""
+        return [(self.source, self.options)] + [(src, cpu_options(src)) for _, src in self.entry_sources]
 
 
 def prologue(symbols: Sequence[str]) -> str:
@@ -63,3 +86,22 @@ def source_with_entries(preamble: str, bodies: Sequence[tuple[str, str]], symbol
         parts.append(f"int32_t {entry}(void *const *t, const int64_t *sym, void *ws) {{\n"
                      f"{prologue(symbols)}{body}    return 0;\n}}\n")
     return "\n".join(parts)
+
+
+#: GEMM-like routines that need something optional where they load (a library from a wheel): a
+#: body calling one gets a source of its own (routine name -> the preamble defining it).
+OWN_BINARY_ROUTINES: dict[str, str] = {}
+
+
+def kernel_sources(preamble: str, bodies: Sequence[tuple[str, str]],
+                   symbols: Sequence[str]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``source_with_entries`` for the bodies that need nothing optional, and one source per body
+    that calls a routine of ``OWN_BINARY_ROUTINES`` (that routine's preamble first)."""
+    shared, own = [], []
+    for entry, body in bodies:
+        extra = [pre for routine, pre in OWN_BINARY_ROUTINES.items() if f"{routine}(" in body]
+        if extra:
+            own.append((entry, source_with_entries("".join(extra) + preamble, [(entry, body)], symbols)))
+        else:
+            shared.append((entry, body))
+    return source_with_entries(preamble, shared, symbols), tuple(own)

@@ -42,13 +42,14 @@ def convert(model: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, batch_
 def precompile(builder: GraphBuilder, lowering: Lowering, *, progress: Progress | None = None,
                jobs: int | None = None) -> None:
     """Compile every distinct kernel source on a thread pool (fills the plugin's build cache)."""
-    specs = lowering.specs()
+    specs = list(dict.fromkeys(src for spec in lowering.specs() for src, _ in spec.sources()))
+    options = {src: opts for spec in lowering.specs() for src, opts in spec.sources()}
     backend = builder.registry.backend("cpu")
     done = 0
     if progress:
         progress(0, len(specs))
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        for _ in pool.map(lambda s: backend.compile(s.source, "c", s.options), specs):
+        for _ in pool.map(lambda src: backend.compile(src, "c", options[src]), specs):
             done += 1
             if progress:
                 progress(done, len(specs))

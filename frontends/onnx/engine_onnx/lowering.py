@@ -9,6 +9,12 @@ The graph is walked once in ONNX's (topological) node order. Each node is, in th
 3. else **lowered** by its op handler into kernel calls (or into a view: a ``Reshape`` of a
    contiguous tensor is the same bytes with another logical shape, so no kernel runs).
 
+A handler may also **defer** its value (``defer``): an elementwise node whose one consumer is
+elementwise too leaves its kernel unwritten, and the consumer computes it inline in its own kernel
+(``take_pending``), which is how elementwise chains become one kernel. Anything else that reads a
+deferred value's elements (``emit``, ``alias``) first emits the kernel that computes it, so no
+handler has to know about deferral.
+
 Calls are recorded first and handed to the builder at the end, because the bundle needs every
 weight declared before the first call and a handler may create weights (a transposed Gemm
 weight, a BatchNormalization folded into a Conv). A node that cannot be lowered is recorded
@@ -27,11 +33,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from engine.build import GraphBuilder
-from engine_onnx.codegen import KernelSpec
+from engine_onnx.codegen import KernelSpec, cpu_options
 from engine_onnx.dims import Dim, DimError, Mono, dim_expr
 from engine_onnx.errors import ModelLoadError, NodeUnsupported, UnsupportedModelError, UnsupportedNode
 
-__all__ = ["Lowering", "Operand", "Ref", "sanitize_symbol"]
+__all__ = ["Lowering", "Operand", "Ref", "Deferred", "sanitize_symbol"]
 
 
 @attrs.frozen
@@ -52,6 +58,20 @@ class Operand:
     ref: Ref
     dtype: np.dtype
     shape: tuple[Dim, ...]
+
+
+@attrs.frozen
+class Deferred:
+    """A value whose kernel is not emitted yet: what its consumer needs to compute it inline
+    (``payload``, owned by the op module that deferred it) and how to emit it after all."""
+
+    payload: Any
+    materialize: Callable[[], None]
+
+
+#: Ops that read only their input's shape, never its elements: they do not keep a value from
+#: being computed inside its consumer's kernel.
+SHAPE_READERS = frozenset({"Shape", "Size"})
 
 
 def sanitize_symbol(name: str) -> str:
@@ -93,6 +113,7 @@ class Lowering:
         self.poisoned: set[str] = set()
         self._weight_refs: dict[str, Ref] = {}
         self._fused: set[int] = set()
+        self._pending: dict[str, Deferred] = {}
         self._consumers: dict[str, list[onnx.NodeProto]] = {}
         self._counter = 0
         self.outputs = [o.name for o in self.graph.output]
@@ -194,10 +215,14 @@ class Lowering:
         if src in self.consts:
             self.consts[out] = self.consts[src].reshape([int(d) for d in shape])
             return
+        if src in self._pending:
+            self._materialize(src)
         op = self.tensors[src]
         self.tensors[out] = Operand(op.ref, op.dtype, tuple(shape))
 
     def _ref(self, name: str) -> Ref:
+        if name in self._pending:
+            self._materialize(name)
         if name in self.tensors:
             return self.tensors[name].ref
         if name not in self.consts:
@@ -227,6 +252,39 @@ class Lowering:
         if name in self.outputs or len(users) != 1:
             return None
         return users[0]
+
+    def sole_value_consumer(self, name: str) -> onnx.NodeProto | None:
+        """The one node reading ``name``'s elements (``Shape``/``Size`` read only its shape) when no
+        other node reads it and it is not a graph output, else None."""
+        if name in self.outputs:
+            return None
+        users = [u for u in self._consumers.get(name, []) if u.op_type not in SHAPE_READERS]
+        return users[0] if len(users) == 1 else None
+
+    def defer(self, name: str, dtype: np.dtype, shape: Sequence[Dim], payload: Any,
+              materialize: Callable[[], None]) -> None:
+        """``name`` (``dtype``, ``shape``) is computed later: inline by its consumer, which takes
+        ``payload`` with ``take_pending``, or by ``materialize()`` (which must ``emit`` ``name``) as soon
+        as anything else reads it."""
+        shape_t = tuple(shape)
+        self._pending[name] = Deferred(payload, materialize)
+        self.tensors[name] = Operand(Ref("pending", self.next_id(), 0, np.dtype(dtype), shape_t),
+                                     np.dtype(dtype), shape_t)
+
+    def pending(self, name: str) -> Any | None:
+        """The payload of a deferred value, else None."""
+        d = self._pending.get(name)
+        return None if d is None else d.payload
+
+    def take_pending(self, name: str) -> Any:
+        """The caller computes deferred ``name`` inside its own kernel: no kernel will produce it."""
+        return self._pending.pop(name).payload
+
+    def _materialize(self, name: str) -> None:
+        deferred = self._pending.pop(name)
+        deferred.materialize()
+        if self.tensors[name].ref.kind != "call":
+            raise AssertionError(f"deferred value {name!r} was not emitted by its materialize()")
 
     def is_used(self, name: str) -> bool:
         """Whether any node or graph output reads ``name``."""
@@ -266,6 +324,24 @@ class Lowering:
             return x
         return apply, current
 
+    def take_residual_add(self, name: str, dtype: np.dtype, shape: Sequence[Dim]) -> tuple[str, str] | None:
+        """A same-shape ``Add`` (or two-input ``Sum``) that is ``name``'s only consumer, fused into
+        the kernel producing ``name`` (ResNet's ``Conv → BN → Add → Relu``): returns (the other
+        operand, the Add's output), or None. The other operand must already be computed (or be a
+        constant) with exactly ``shape`` and ``dtype``, so the kernel reads it without broadcasting."""
+        add = self.sole_consumer(name)
+        if add is None or add.op_type not in ("Add", "Sum") or len(add.input) != 2:
+            return None
+        if add.input[0] == add.input[1]:
+            return None
+        other = add.input[1] if add.input[0] == name else add.input[0]
+        if other in self.poisoned or (other not in self.tensors and self.const(other) is None):
+            return None
+        if tuple(self.shape(other)) != tuple(shape) or self.dtype(other) != dtype:
+            return None
+        self._fused.add(id(add))
+        return other, add.output[0]
+
     def next_id(self) -> int:
         self._counter += 1
         return self._counter
@@ -275,8 +351,12 @@ class Lowering:
         from engine_onnx.folding import try_fold
         from engine_onnx.ops import handler_for
 
+        # Constants first: exporters place them anywhere (torch puts a ReLU6's Clip bounds after
+        # the Conv), and a fusion decided at the producer needs the bounds of what it fuses.
+        folded_early = {id(node) for node in self.graph.node
+                        if node.op_type == "Constant" and not node.input and try_fold(self, node)}
         for node in self.graph.node:
-            if id(node) in self._fused:
+            if id(node) in self._fused or id(node) in folded_early:
                 continue
             if any(n in self.poisoned for n in node.input if n):
                 self.poisoned.update(o for o in node.output if o)
@@ -291,6 +371,9 @@ class Lowering:
                 self.poisoned.update(o for o in node.output if o)
         if self.unsupported:
             raise UnsupportedModelError(self.unsupported, self.name)
+        # A value still deferred here was read by no kernel (only CastLike's type operand reads a
+        # value without its elements) and is no graph output: nothing needs it computed.
+        self._pending.clear()
         self._finish_outputs()
 
     def _finish_outputs(self) -> None:
@@ -335,7 +418,8 @@ class Lowering:
             key = (spec.source, spec.entries)
             if key not in kdefs:
                 kdefs[key] = b.kernel(f"{spec.name}_{len(kdefs)}", entries=list(spec.entries), source=spec.source,
-                                      options=spec.options)
+                                      options=spec.options,
+                                      entry_code={e: (src, cpu_options(src)) for e, src in spec.entry_sources})
             produced = b.call(kdefs[key], [values[r] for r in refs],
                               [(dt.name, [dim_expr(d) for d in shape]) for dt, shape in outs],
                               symbols=list(spec.symbols), workspace=spec.workspace)

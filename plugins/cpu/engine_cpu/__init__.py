@@ -2,7 +2,8 @@
 
 C kernels (``c-source``) are compiled with the system compiler and shared objects (``elf-so``)
 are loaded with ctypes; see ``backend.CpuBackend`` for how the allocator, compiler and program
-roles fit together, and DESIGN §4 for the kernel ABI.
+roles fit together, and DESIGN §4 for the kernel ABI. Kernels may link libraries shipped in
+wheels (OpenBLAS from ``scipy-openblas32``) by name: ``libraries`` and docs/cpu.md.
 """
 
 from engine_cpu.backend import NUM_THREADS_ENV, CpuBackend
@@ -10,6 +11,8 @@ from engine_cpu.compiler import CCompiler, CompilerError
 from engine_cpu.fused import CpuFusedLaunch
 from engine_cpu.host import host_target
 from engine_cpu.kernel import CpuKernel, CpuPreparedLaunch
+from engine_cpu.libraries import (LibraryProvider, LibraryRegistry, LibraryUnavailableError, LinkedLibrary,
+                                  UnknownLibraryError, WheelConventionProvider)
 from engine_cpu.program import Library, ProgramLoader
 
 __all__ = [
@@ -23,4 +26,10 @@ __all__ = [
     "ProgramLoader",
     "host_target",
     "NUM_THREADS_ENV",
+    "LibraryProvider",
+    "LibraryRegistry",
+    "LibraryUnavailableError",
+    "LinkedLibrary",
+    "UnknownLibraryError",
+    "WheelConventionProvider",
 ]

@@ -6,7 +6,10 @@ compiled or loaded. Configuration is read once here, never deep in the code:
 
 * ``cache_dir``: defaults to ``Settings.from_env().cache_dir`` (``ENGINE_CACHE_DIR``);
 * ``num_threads``: defaults to ``ENGINE_CPU_NUM_THREADS``; ``None`` leaves OpenMP's default;
-* ``cc``: defaults to ``$CC``, else ``cc``.
+* ``cc``: defaults to ``$CC``, else ``cc``;
+* ``libraries``: the ``engine_cpu.libraries.LibraryRegistry`` of libraries kernels may link
+  (default: the built-in providers plus the ``engine_cpu.libraries`` entry points);
+* ``from_memory``: open shared objects from memory (default) or through the file store.
 
 Everything is synchronous on the CPU: streams are ``None`` (a stream passed in is ignored),
 ``synchronize`` is a no-op, device pointers are host addresses (``int``), and the inherited
@@ -35,6 +38,7 @@ from engine_cpu.compiler import CCompiler
 from engine_cpu.fused import RUNNER_ENTRY, RUNNER_SOURCE, CpuFusedLaunch, bind_runner
 from engine_cpu.host import cpu_description, host_target
 from engine_cpu.kernel import CpuKernel, CpuPreparedLaunch
+from engine_cpu.libraries import LibraryRegistry
 from engine_cpu.program import FORMATS, ProgramLoader
 
 __all__ = ["CpuBackend", "NUM_THREADS_ENV"]
@@ -69,15 +73,15 @@ class CpuBackend(BackendBase):
     rebuild_hint: ClassVar[str] = "rebuild the bundle or ship a c-source binary"
 
     def __init__(self, cache_dir: Path | None = None, num_threads: int | None = None, *,
-                 cc: str | None = None):
+                 cc: str | None = None, libraries: LibraryRegistry | None = None, from_memory: bool = True):
         if num_threads is None:
             num_threads = _threads_from_env()
         elif not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive int or None, got {num_threads!r}")
         self.cache_dir = Path(cache_dir) if cache_dir is not None else Settings.from_env().cache_dir
         self.num_threads = num_threads
-        self.compiler = CCompiler(self.cache_dir, cc if cc is not None else os.environ.get("CC"))
-        self.loader = ProgramLoader(self.cache_dir, self.compiler, num_threads)
+        self.compiler = CCompiler(self.cache_dir, cc if cc is not None else os.environ.get("CC"), libraries)
+        self.loader = ProgramLoader(self.cache_dir, self.compiler, num_threads, from_memory=from_memory)
         self._allocator = allocator.HostAllocator(Device("cpu", 0), self.alignment)
         self._description: str | None = None
         self._runner: ctypes._CFuncPtr | None = None
@@ -148,7 +152,8 @@ class CpuBackend(BackendBase):
 
         ``options``: ``openmp`` (bool, default False), ``flags`` (extra compiler flags, e.g.
         ``["-march=native"]`` for a bundle that never leaves this machine), ``entry``/``name``
-        (names the payload ``<entry>.so``).
+        (names the payload ``<entry>.so``), ``link`` (names of libraries shipped in wheels, each
+        also named by a ``// engine-cpu: link NAME`` line of the source; ``engine_cpu.libraries``).
         """
         if language not in self.languages:
             raise Unsupported(f"the cpu backend compiles {list(self.languages)} sources, not {language!r}")

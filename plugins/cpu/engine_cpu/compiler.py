@@ -4,10 +4,16 @@ Flags are deliberately portable: ``-O3`` but never ``-march=native`` unless the 
 because bundles built here are loaded on other machines of the same target. ``-lm`` is linked by
 default since numeric kernels routinely call ``expf`` and friends.
 
+Libraries shipped in wheels (``engine_cpu.libraries``) are linked by name: option ``link`` and the
+source's ``// engine-cpu: link NAME`` lines (the only way a bundle's ``c-source``, compiled at load
+without options, can say it). Each is linked by its absolute path on this machine and with no
+``rpath``/``runpath``, so the kernel's ``DT_NEEDED`` is the bare soname and the loader supplies the
+library at load; the cache key holds the library's identity (soname, version), never its path.
+
 Cache: an ``engine.backend.cachefiles.BuildCache`` at ``<cache_dir>/cpu/build`` (``<key>.so`` plus
 ``<key>.so.sha256``), where ``key`` is the sha256 of the source, the compiler's path and version
-line, and the flags. The source is always compiled under a fixed file name in a private temp dir
-(``TMPDIR``), never in the cache, so that identical inputs give identical bytes (the ELF records
+line, the flags and the linked libraries' identities. The source is always compiled under a
+fixed file name in a private temp dir (``TMPDIR``), never in the cache, so that identical inputs give identical bytes (the ELF records
 the source file name), which keeps concurrent builders' results interchangeable, and so that a
 read-only cache directory still compiles (the result is then kept in memory only).
 """
@@ -26,15 +32,16 @@ from typing import Mapping, Sequence
 
 from engine.backend import BinaryPayload
 from engine.backend.cachefiles import BuildCache, sha256_hex
-from engine.errors import KernelError
+from engine.errors import InputError, KernelError
 
 from engine_cpu.host import host_target
+from engine_cpu.libraries import LibraryRegistry, LinkedLibrary, link_directives
 
-__all__ = ["CCompiler", "CompilerError", "BASE_FLAGS", "OPTIONS", "uses_openmp"]
+__all__ = ["CCompiler", "CompilerError", "LinkDirectiveError", "BASE_FLAGS", "OPTIONS", "uses_openmp"]
 
 BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11")
 #: The ``options`` keys ``compile`` understands; anything else is refused so a typo is not ignored.
-OPTIONS = ("openmp", "flags", "entry", "name")
+OPTIONS = ("openmp", "flags", "entry", "name", "link")
 
 _SOURCE_NAME = "kernel.c"
 _OUTPUT_NAME = "kernel.so"
@@ -49,6 +56,18 @@ class CompilerError(KernelError):
         super().__init__(message)
         self.log = log
         self.command = tuple(command)
+
+
+class LinkDirectiveError(KernelError, ValueError):
+    """Option ``link`` names a library the source's ``// engine-cpu: link`` lines do not (the
+    bundle's ``c-source``, compiled at load without options, would then not link it)."""
+
+    def __init__(self, library: str, directives: Sequence[str]):
+        super().__init__(f"cpu compile option 'link' names {library!r} but the source has no "
+                         f"'// engine-cpu: link {library}' line (its lines name {list(directives)}); add the "
+                         "line so the bundle's c-source fallback links the library too")
+        self.library = library
+        self.directives = tuple(directives)
 
 
 def _first_error(log: str) -> str:
@@ -69,7 +88,8 @@ class CCompiler:
     ``invocations`` counts real compiler runs in this object (cache hits do not count).
     """
 
-    def __init__(self, cache_dir: Path, cc: str | None = None):
+    def __init__(self, cache_dir: Path, cc: str | None = None, libraries: LibraryRegistry | None = None):
+        self.libraries = libraries if libraries is not None else LibraryRegistry()
         self.command = tuple(shlex.split(cc)) if cc and cc.strip() else ("cc",)
         self.build_dir = Path(cache_dir) / "cpu" / "build"
         self.invocations = 0
@@ -117,31 +137,47 @@ class CCompiler:
         omp = ("-fopenmp",) if options.get("openmp") else ()
         return (*BASE_FLAGS, *omp, *extra)  # type: ignore[misc]
 
+    def libraries_for(self, source: str, options: Mapping[str, object] | None = None,
+                      where: str = "cpu compile") -> tuple[LinkedLibrary, ...]:
+        """The libraries ``source`` links here: its ``// engine-cpu: link`` lines (which must
+        include every name of option ``link``), each located by its provider."""
+        directives = link_directives(source)
+        raw = (options or {}).get("link") or ()
+        if not isinstance(raw, (list, tuple)) or not all(isinstance(n, str) for n in raw):
+            raise InputError(f"cpu compile option 'link' must be a list of library names, got {raw!r}")
+        names: tuple[str, ...] = tuple(raw)
+        for name in names:
+            self.libraries.provider(name)  # an unknown name: UnknownLibraryError listing the known ones
+            if name not in directives:
+                raise LinkDirectiveError(name, directives)
+        return tuple(self.libraries.locate(name, where) for name in directives)
+
     def compile(self, source: str, options: Mapping[str, object] | None = None) -> BinaryPayload:
         """Build ``source`` into an ``elf-so`` payload for this machine's target."""
-        _, data = self.build(source, self.flags_for(options))
+        _, data = self.build(source, self.flags_for(options), self.libraries_for(source, options))
         name = (options or {}).get("entry") or (options or {}).get("name") or sha256_hex(data)[:16]
         return BinaryPayload(format="elf-so", target=host_target(), path=f"{name}.so", data=data)
 
-    def cache_key(self, source: str, flags: Sequence[str]) -> str:
+    def cache_key(self, source: str, flags: Sequence[str], libraries: Sequence[LinkedLibrary] = ()) -> str:
         h = hashlib.sha256()
-        for part in (source, self.identity(), "\0".join(flags)):
+        for part in (source, self.identity(), "\0".join(flags), "\0".join(lib.identity for lib in libraries)):
             data = part.encode("utf-8")
             h.update(len(data).to_bytes(8, "little"))  # length-prefixed: no ambiguous concatenation
             h.update(data)
         return h.hexdigest()
 
-    def build(self, source: str, flags: Sequence[str]) -> tuple[str, bytes]:
+    def build(self, source: str, flags: Sequence[str],
+              libraries: Sequence[LinkedLibrary] = ()) -> tuple[str, bytes]:
         """``(cache key, shared-object bytes)`` for ``source``, compiling only on a cache miss."""
-        key = self.cache_key(source, flags)
+        key = self.cache_key(source, flags, libraries)
         try:
-            data = self.cache.get_or_build(key, lambda: self._run(source, flags))
+            data = self.cache.get_or_build(key, lambda: self._run(source, flags, libraries))
         except OSError as exc:
             raise KernelError(f"cannot write the CPU build cache {self.build_dir}: {exc}; "
                               "free space there or set ENGINE_CACHE_DIR to a writable directory") from exc
         return key, data
 
-    def _run(self, source: str, flags: Sequence[str]) -> bytes:
+    def _run(self, source: str, flags: Sequence[str], libraries: Sequence[LinkedLibrary] = ()) -> bytes:
         """Compile in a private temp dir under fixed names (reproducible bytes)."""
         try:
             workdir = tempfile.TemporaryDirectory(prefix="engine-cpu-cc-")
@@ -151,8 +187,11 @@ class CCompiler:
         with workdir as tmp:
             Path(tmp, _SOURCE_NAME).write_text(source, encoding="utf-8")
             # Flags go after the source: gcc/clang options are position-independent except -l,
-            # which --as-needed linkers only honour after the objects that need it.
-            cmd = [*self.command, _SOURCE_NAME, "-o", _OUTPUT_NAME, *flags, "-lm"]
+            # which --as-needed linkers only honour after the objects that need it. A linked
+            # library is named by its file (DT_NEEDED gets its soname) and no -rpath is given.
+            includes = [f"-I{lib.include_dir}" for lib in libraries if lib.include_dir is not None]
+            cmd = [*self.command, *includes, _SOURCE_NAME, "-o", _OUTPUT_NAME, *flags,
+                   *(str(lib.path) for lib in libraries), "-lm"]
             self.invocations += 1
             try:
                 proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True,

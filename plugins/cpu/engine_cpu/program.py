@@ -15,6 +15,16 @@ libraries are cached per loader by content hash, so a thousand kernels cut from 
 once. Libraries are never closed: ``dlclose`` under a live function pointer would be a crash, and
 each ``CpuKernel`` holds its ``Library`` strongly.
 
+A kernel that links a library shipped in a wheel (``engine_cpu.libraries``) names it only by
+soname in its ``DT_NEEDED``. Before opening such a kernel the loader reads its dynamic section,
+and for each soname a library provider serves it opens the provider's file by its absolute path
+(once per process and loader); the dynamic loader then resolves the kernel's dependency by the
+soname of that already-loaded library, from memory or from the file store alike. When the
+provider cannot find its library (the wheel is not installed) the candidate fails with a
+``LibraryUnavailableError`` (an ``engine.backend.CandidateUnavailable``) naming the candidate, the
+library and how to install it; the core then runs the kernel's other candidates. A soname no
+provider serves is left to the system's search, as for any shared object.
+
 OpenMP's thread count (``num_threads``) is set with ``omp_set_num_threads`` when a library that
 resolves it is loaded. Note that in libgomp (and the OpenMP spec: ``nthreads-var`` has data
 environment scope) the setting is per calling thread, not process-wide: it is applied in the
@@ -37,8 +47,10 @@ from engine.errors import KernelError
 from engine.log import get_logger
 
 from engine_cpu.compiler import CCompiler, CompilerError, uses_openmp
+from engine_cpu.elf import read_dynamic
 from engine_cpu.host import check_elf_header, host_target
 from engine_cpu.kernel import CpuKernel
+from engine_cpu.libraries import LinkedLibrary
 
 __all__ = ["Library", "ProgramLoader", "OpenMPThreads", "FORMATS"]
 
@@ -107,6 +119,7 @@ class ProgramLoader:
         self.compiler = compiler
         self.threads = OpenMPThreads(num_threads) if num_threads else None
         self._libraries: dict[str, Library] = {}
+        self._linked: dict[Path, ctypes.CDLL] = {}  # wheel libraries opened for kernels, by path
         self._lock = threading.Lock()
 
     # -- what can be loaded --------------------------------------------------------------------
@@ -136,8 +149,11 @@ class ProgramLoader:
         # Bundle sources carry no options: OpenMP is enabled when the source uses it, since
         # without -fopenmp its pragmas are silently ignored and omp_* calls fail to resolve.
         flags = self.compiler.flags_for({"openmp": uses_openmp(source)})
+        # Libraries come from the source's "// engine-cpu: link" lines, as OpenMP from its pragmas
+        # (a LibraryUnavailableError names ``where`` itself).
+        libraries = self.compiler.libraries_for(source, None, where)
         try:
-            _, data = self.compiler.build(source, flags)
+            _, data = self.compiler.build(source, flags, libraries)
         except CompilerError as exc:
             raise CompilerError(f"{where}: {exc}", log=exc.log, command=exc.command) from exc
         except KernelError as exc:
@@ -153,19 +169,55 @@ class ProgramLoader:
             if library is not None:
                 return library
             check_elf_header(data, where)
+            needed = read_dynamic(data, where).needed
+            self._open_dependencies(needed, where, discover=False)
             try:
-                loaded = open_from_memory(data, f"engine-{sha[:16]}.so") if self.from_memory else None
-            except OSError as exc:
-                raise KernelError(f"{where}: cannot load the shared object: {exc}") from exc
-            if loaded is not None:
-                library = Library(sha, Path(loaded.path), loaded.handle, loaded.fd)
-                log.debug("loaded %s from memory (%s)", where, sha[:16])
-            else:
-                library = self._load_from_file(data, sha, where)
+                library = self._open(data, sha, where)
+            except KernelError:
+                # A soname the system cannot find may be served by a provider another distribution
+                # declares: its entry points are read only now (a scan of every installed
+                # distribution, too slow for every first load), and the open retried once.
+                if not self._open_dependencies(needed, where, discover=True):
+                    raise
+                library = self._open(data, sha, where)
             if self.threads is not None and library.omp_set_num_threads is not None:
                 self.threads.apply(library.omp_set_num_threads)
             self._libraries[sha] = library
             return library
+
+    def _open(self, data: bytes, sha: str, where: str) -> Library:
+        try:
+            loaded = open_from_memory(data, f"engine-{sha[:16]}.so") if self.from_memory else None
+        except OSError as exc:
+            raise KernelError(f"{where}: cannot load the shared object: {exc}") from exc
+        if loaded is None:
+            return self._load_from_file(data, sha, where)
+        log.debug("loaded %s from memory (%s)", where, sha[:16])
+        return Library(sha, Path(loaded.path), loaded.handle, loaded.fd)
+
+    def _open_dependencies(self, needed: tuple[str, ...], where: str, *, discover: bool) -> int:
+        """Open the wheel libraries a kernel needs (its ``DT_NEEDED`` sonames that a provider
+        serves) before the kernel itself; how many were newly opened. ``discover``: also ask the
+        providers of the ``engine_cpu.libraries`` entry points."""
+        registry = self.compiler.libraries
+        opened = 0
+        for soname in needed:
+            provider = registry.provider_for_soname(soname, discover=discover)
+            if provider is not None:
+                opened += self._open_linked(registry.locate(provider.name, where), where)
+        return opened
+
+    def _open_linked(self, library: LinkedLibrary, where: str) -> int:
+        if library.path in self._linked:
+            return 0
+        try:
+            # RTLD_LOCAL: the library's symbols do not join the global scope (no clash with another
+            # copy of BLAS in the process); kernels still bind to it, as a loaded DT_NEEDED soname.
+            self._linked[library.path] = ctypes.CDLL(str(library.path), mode=ctypes.RTLD_LOCAL)
+        except OSError as exc:
+            raise KernelError(f"{where}: cannot open the library {library.name!r} at {library.path}: {exc}") from exc
+        log.debug("opened %s %s (%s) for %s", library.name, library.version, library.path, where)
+        return 1
 
     def _load_from_file(self, data: bytes, sha: str, where: str) -> Library:
         """Where memory loading is unavailable: publish in the content store and open that path.

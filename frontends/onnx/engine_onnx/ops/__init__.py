@@ -41,4 +41,5 @@ def supported_ops() -> list[str]:
     return sorted(OPS)
 
 
-from engine_onnx.ops import (elementwise, linalg, conv, pool, norm, reduce, shape)  # noqa: E402,F401
+from engine_onnx.ops import (elementwise, linalg, conv, conv_transpose, pool, norm, reduce, shape, axis_map, pad,
+                             indexing, resize)  # noqa: E402,F401

@@ -1,22 +1,31 @@
-"""Conv (1-D and 2-D, groups, dilations, pads and ``auto_pad``), float32, with constant weights.
+"""Conv (1-D and 2-D, groups, dilations, pads and ``auto_pad``), float32; weights constant or computed.
 
-Two candidates per shape: ``conv_direct`` (loops over output planes, the innermost loop running
-along the output row, clipped to the valid input range so it has no branch and vectorises) and
-``conv_im2col`` (columns in the workspace, then the blocked GEMM; a 1x1, stride-1 unpadded Conv
-multiplies the input directly). Depthwise convolutions favour the first, wide ones the second: the
-tuner measures. A following BatchNormalization with constant statistics is folded into the
-weights and bias at import, and a following activation runs in the kernel's epilogue.
+Candidates per shape, all reading the weight as an ``[OC, CG*KH*KW]`` matrix:
+
+* ``conv_direct``: output planes in parallel, the innermost loop along the output row, clipped to
+  the valid input range so it has no branch and vectorises;
+* ``conv_im2col_<routine>``: columns in the workspace, then one of ``gemm_c.GEMM_CANDIDATES``
+  (so every GEMM routine, a BLAS one included, is a Conv candidate too); a 1x1, stride-1 unpadded
+  Conv multiplies the input directly;
+* ``conv_implicit``: the packed GEMM with the im2col rows built straight into each thread's packed
+  panel, in one parallel region, bias, residual and activation applied per tile while it is hot;
+* ``conv_depthwise`` (one input channel per output channel: MobileNet's, ShuffleNet's): each plane
+  padded and split by stride phase once, then every tap is a contiguous, vectorised row update.
+
+The tuner measures. A following BatchNormalization with constant statistics is folded into the
+weights and bias at import; a following same-shape ``Add`` (a residual) and activation run in the
+kernel's epilogue. A weight (or bias) computed at run time is read as it is, without folding.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine_onnx.codegen import KernelSpec, source_with_entries
+from engine_onnx.codegen import KernelSpec, kernel_sources
 from engine_onnx.dims import Mono, dim_c, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
-from engine_onnx.ops.gemm_c import GEMM_PREAMBLE
+from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE
 
 __all__ = ["conv_geometry"]
 
@@ -68,34 +77,173 @@ def _fold_batchnorm(ctx, out_name: str, w: np.ndarray, b: np.ndarray):
     return w2, b2, bn.output[0]
 
 
+def _conv_defs(**values: int) -> str:
+    return "".join(f"#define {k} {v}\n" for k, v in values.items())
+
+
+# The fused packed convolution: one OpenMP region per call; each thread owns output tiles (a range
+# of output channels x a range of output pixels of one image and group), builds the im2col rows of
+# its tile straight into its packed B panel (the column matrix is never materialised), runs the
+# packed micro-kernel and applies bias, residual and activation to the tile while it is in cache.
+_IMPLICIT_PACK = r"""
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+/* Rows k0..k0+kc of image xg's im2col matrix, output pixels n0..n0+nc, into NR-column panels.
+   Per panel, each (kh, kw) gets the 16 input offsets (-1 in the padding) and whether they are one
+   contiguous run (stride 1 inside a row), which is then copied with two vector moves. */
+static void conv_pack_b(const float *xg, int64_t k0, int64_t kc, int64_t n0, int64_t nc, float *dst) {
+#if ONE_BY_ONE
+    gemm_pack_b(kc, nc, xg + k0 * (OH * OW) + n0, OH * OW, dst);
+#else
+    int32_t off[KH * KW][GP_NR];
+    int contig[KH * KW];
+    for (int64_t j = 0; j < nc; j += GP_NR) {
+        const int64_t nr = nc - j < GP_NR ? nc - j : GP_NR;
+        for (int64_t q = 0; q < GP_NR; q++) {
+            const int64_t col = n0 + j + q, oh = col / OW, ow = col % OW;
+            for (int64_t kh = 0; kh < KH; kh++)
+                for (int64_t kw = 0; kw < KW; kw++) {
+                    const int64_t ih = oh * SH - PT + kh * DH, iw = ow * SW - PL + kw * DW;
+                    const int ok = q < nr && ih >= 0 && ih < H && iw >= 0 && iw < W;
+                    off[kh * KW + kw][q] = ok ? (int32_t)(ih * W + iw) : -1;
+                }
+        }
+        for (int64_t p = 0; p < KH * KW; p++) {
+            int c = off[p][0] >= 0;
+            for (int64_t q = 1; q < GP_NR; q++) c &= off[p][q] == off[p][0] + q;
+            contig[p] = c;
+        }
+        int64_t ic = k0 / (KH * KW), p = k0 % (KH * KW);
+        for (int64_t r = 0; r < kc; r++, dst += GP_NR) {
+            const float *x = xg + ic * (H * W);
+            const int32_t *o = off[p];
+            if (contig[p]) {
+                st8(dst, ld8(x + o[0])); st8(dst + 8, ld8(x + o[0] + 8));
+            } else {
+                for (int64_t q = 0; q < GP_NR; q++) dst[q] = o[q] >= 0 ? x[o[q]] : 0.0f;
+            }
+            if (++p == KH * KW) { p = 0; ic++; }
+        }
+    }
+#endif
+}
+#pragma GCC pop_options
+"""
+
+
+def _implicit_body(n, head: str, tile_epilogue: str) -> str:
+    return head + f"""    int64_t tm, tn;
+    gemm_grid(OCG, OH * OW, {dim_c(n)} * GROUPS, &tm, &tn);
+    const int64_t cm = (OCG + tm - 1) / tm, cn = (OH * OW + tn - 1) / tn, kcb = gemm_kc(KC);
+    const int64_t tiles = {dim_c(n)} * GROUPS * cm * cn;
+    #pragma omp parallel if (tiles > 1)
+    {{
+        float ap[GP_MC * GP_KC] __attribute__((aligned(64)));
+        float bp[GP_KC * GP_NC] __attribute__((aligned(64)));
+        #pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {{
+            const int64_t u = t / (cm * cn), rest = t % (cm * cn), nn = u / GROUPS, g = u % GROUPS;
+            const int64_t m0 = (rest / cn) * tm, n0 = (rest % cn) * tn;
+            const int64_t m1 = m0 + tm < OCG ? m0 + tm : OCG, n1 = n0 + tn < OH * OW ? n0 + tn : OH * OW;
+            const float *xg = X + (nn * C + g * CG) * (H * W), *wg = Wt + g * OCG * KC;
+            float *yg = Y + (nn * OC + g * OCG) * (OH * OW);
+            for (int64_t k0 = 0; k0 < KC; k0 += kcb) {{
+                const int64_t kc = KC - k0 < kcb ? KC - k0 : kcb;
+                conv_pack_b(xg, k0, kc, n0, n1 - n0, bp);
+                for (int64_t mb = m0; mb < m1; mb += GP_MC) {{
+                    const int64_t mc = m1 - mb < GP_MC ? m1 - mb : GP_MC;
+                    gemm_pack_a(mc, kc, wg + mb * KC + k0, KC, ap);
+                    gemm_macro(mc, n1 - n0, kc, ap, bp, yg + mb * (OH * OW) + n0, OH * OW, k0 > 0);
+                }}
+            }}
+            for (int64_t m = m0; m < m1; m++) {{
+                const int64_t oc = g * OCG + m;
+                const float bias = Bv[oc];
+                float *y = yg + m * (OH * OW);
+                const float *res = R + (nn * OC + oc) * (OH * OW); (void)res;
+                for (int64_t i = n0; i < n1; i++) y[i] = {tile_epilogue};
+            }}
+        }}
+    }}
+"""
+
+
+def _depthwise_body(n, head: str, epilogue_expr: str) -> str:
+    """One input channel per output channel (``CG == 1``): the plane is copied once, zero-padded and
+    split into ``SW`` phases (column ``j`` of phase ``p`` is padded column ``j*SW + p``), so every tap
+    reads a contiguous run for any stride; taps are unrolled and the row loop vectorises."""
+    return head + f"""    #pragma omp parallel for schedule(static)
+    for (int64_t q = 0; q < {dim_c(n)} * OC; q++) {{
+        float buf[SW * HPAD * WQ] __attribute__((aligned(64)));
+        float acc[OW] __attribute__((aligned(64)));
+        const int64_t nn = q / OC, oc = q % OC;
+        const float *x = X + (nn * C + oc / OCG) * (H * W), *wt = Wt + oc * (KH * KW);
+        const float bias = Bv[oc];
+        float *y = Y + q * (OH * OW);
+        const float *res = R + q * (OH * OW); (void)res;
+        for (int64_t ph = 0; ph < SW; ph++)
+            for (int64_t r = 0; r < HPAD; r++) {{
+                const int64_t ih = r - PT;
+                float *d = buf + (ph * HPAD + r) * WQ;
+                for (int64_t j = 0; j < WQ; j++) {{
+                    const int64_t iw = j * SW + ph - PL;
+                    d[j] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[ih * W + iw] : 0.0f;
+                }}
+            }}
+        for (int64_t oh = 0; oh < OH; oh++) {{
+            for (int64_t ow = 0; ow < OW; ow++) acc[ow] = 0.0f;
+            for (int64_t kh = 0; kh < KH; kh++)
+                for (int64_t kw = 0; kw < KW; kw++) {{
+                    const float wv = wt[kh * KW + kw];
+                    const float *s = buf + (((kw * DW) % SW) * HPAD + oh * SH + kh * DH) * WQ + (kw * DW) / SW;
+                    for (int64_t ow = 0; ow < OW; ow++) acc[ow] += wv * s[ow];
+                }}
+            for (int64_t ow = 0; ow < OW; ow++) {{
+                const int64_t i = oh * OW + ow;
+                y[i] = {epilogue_expr};
+            }}
+        }}
+    }}
+"""
+
+
 @register("Conv")
 def _conv(ctx, node) -> None:
     x, wn = node.input[0], node.input[1]
     for n in (x, wn):
         if ctx.dtype(n) != F32:
             raise NodeUnsupported(f"Conv on {ctx.dtype(n).name} (float32 only)")
-    w = ctx.require_const(wn, "the Conv weight")
+    w = ctx.const(wn)
+    w_shape = [int(d) if not isinstance(d, Mono) else d for d in ctx.shape(wn)]
+    if any(isinstance(d, Mono) for d in w_shape):
+        raise NodeUnsupported("a Conv weight with dynamic dimensions")
     xs = list(ctx.shape(x))
     if len(xs) not in (3, 4):
         raise NodeUnsupported(f"{len(xs) - 2}-D convolution (1-D and 2-D only)")
     if any(isinstance(d, Mono) for d in xs[1:]):
         raise NodeUnsupported("dynamic channel or spatial dimensions (only the batch may be dynamic)")
     group = int(ctx.attr(node, "group", 1))
-    oc, cg = int(w.shape[0]), int(w.shape[1])
+    oc, cg = w_shape[0], w_shape[1]
     c = xs[1]
-    if cg * group != c or oc % group:
-        raise NodeUnsupported(f"weight {list(w.shape)} does not match {c} channels in {group} groups")
-    b = (ctx.require_const(node.input[2], "the Conv bias") if len(node.input) > 2 and node.input[2]
-         else np.zeros(oc, np.float32))
+    if len(w_shape) != len(xs) or cg * group != c or oc % group:
+        raise NodeUnsupported(f"weight {w_shape} does not match {c} channels in {group} groups")
+    bn_in = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    if bn_in is not None and ctx.dtype(bn_in) != F32:
+        raise NodeUnsupported(f"Conv bias of {ctx.dtype(bn_in).name} (float32 only)")
+    b = ctx.const(bn_in) if bn_in is not None else np.zeros(oc, np.float32)
     spatial = xs[2:]
-    kernel = list(w.shape[2:])
+    kernel = w_shape[2:]
     strides, dil, pb, pe, out_sp = conv_geometry(ctx, node, spatial, kernel)
-    w, b, bn_out = _fold_batchnorm(ctx, node.output[0], w, b)
-    ep, final = ctx.take_epilogue(node, F32, bn_out)
+    bn_out = None
+    if w is not None and b is not None:  # a weight computed at run time is used as it is (no folding)
+        w, b, bn_out = _fold_batchnorm(ctx, node.output[0], w, b)
+    n = xs[0]
+    out_shape = [n, oc] + out_sp
+    residual = ctx.take_residual_add(bn_out or node.output[0], F32, out_shape)
+    ep, final = ctx.take_epilogue(node, F32, residual[1] if residual else bn_out)
     if len(spatial) == 1:
         spatial, kernel, strides, dil, pb, out_sp = [1] + spatial, [1] + kernel, [1] + strides, [1] + dil, \
             [0] + pb, [1] + out_sp
-    n = xs[0]
     H, W = spatial
     KH, KW = kernel
     OH, OW = out_sp
@@ -104,17 +252,22 @@ def _conv(ctx, node) -> None:
     kc = cg * KH * KW
     ocg = oc // group
     one_by_one = KH == KW == 1 and strides == [1, 1] and pb == [0, 0] and not any(pe) and dil == [1, 1]
-    defs = (f"#define C {c}\n#define H {H}\n#define W {W}\n#define OC {oc}\n#define CG {cg}\n#define OCG {ocg}\n"
-            f"#define KH {KH}\n#define KW {KW}\n#define SH {strides[0]}\n#define SW {strides[1]}\n"
-            f"#define PT {pb[0]}\n#define PL {pb[1]}\n#define DH {dil[0]}\n#define DW {dil[1]}\n"
-            f"#define OH {OH}\n#define OW {OW}\n#define KC {kc}\n#define GROUPS {group}\n")
+    hpad = (OH - 1) * strides[0] + (KH - 1) * dil[0] + 1
+    wq = -(-((OW - 1) * strides[1] + (KW - 1) * dil[1] + 1) // strides[1])
+    defs = _conv_defs(C=c, H=H, W=W, OC=oc, CG=cg, OCG=ocg, KH=KH, KW=KW, SH=strides[0], SW=strides[1],
+                      PT=pb[0], PL=pb[1], DH=dil[0], DW=dil[1], OH=OH, OW=OW, KC=kc, GROUPS=group,
+                      ONE_BY_ONE=int(one_by_one), HPAD=hpad, WQ=wq)
+    out_slot = 4 if residual else 3
     head = ("    const float *X = (const float *)t[0], *Wt = (const float *)t[1], *Bv = (const float *)t[2];\n"
-            "    float *Y = (float *)t[3];\n")
-    epilogue = ("    for (int64_t i = 0; i < OH * OW; i++) y[i] = " + ep("(y[i] + bias)") + ";\n")
+            f"    const float *R = (const float *){'t[3]' if residual else 'X'}; (void)R;\n"
+            f"    float *Y = (float *)t[{out_slot}];\n")
+    res_term = " + res[i]" if residual else ""
+    epilogue = ("    for (int64_t i = 0; i < OH * OW; i++) y[i] = " + ep(f"(y[i] + bias{res_term})") + ";\n")
     direct = head + f"""    #pragma omp parallel for schedule(static)
     for (int64_t q = 0; q < {dim_c(n)} * OC; q++) {{
         const int64_t nn = q / OC, oc = q % OC, g = oc / OCG;
         float *y = Y + q * OH * OW;
+        const float *res = R + q * OH * OW; (void)res;
         const float bias = Bv[oc];
         for (int64_t i = 0; i < OH * OW; i++) y[i] = 0.0f;
         for (int64_t ic = 0; ic < CG; ic++) {{
@@ -158,22 +311,35 @@ def _conv(ctx, node) -> None:
         }
         const float *B = col;
 """
-    im2col = head + f"""    for (int64_t nn = 0; nn < {dim_c(n)}; nn++)
+    bodies = [("conv_direct", direct)]
+    # The explicit im2col path once per tuned GEMM routine, so a new routine (a BLAS) is a Conv
+    # candidate too; the straightforward one is left out (it never wins at convolution sizes and
+    # every entry costs compile time at conversion).
+    for entry, fn in GEMM_CANDIDATES:
+        if entry == "simple":
+            continue
+        bodies.append((f"conv_im2col_{entry}", head + f"""    for (int64_t nn = 0; nn < {dim_c(n)}; nn++)
       for (int64_t g = 0; g < GROUPS; g++) {{
         const float *xg = X + (nn * C + g * CG) * H * W;
-{cols}        gemm_blocked(OCG, OH * OW, KC, Wt + g * OCG * KC, KC, B, OH * OW, Y + (nn * OC + g * OCG) * OH * OW, OH * OW);
+{cols}        {fn}(OCG, OH * OW, KC, Wt + g * OCG * KC, KC, B, OH * OW, Y + (nn * OC + g * OCG) * OH * OW, OH * OW);
       }}
     #pragma omp parallel for schedule(static)
     for (int64_t q = 0; q < {dim_c(n)} * OC; q++) {{
         float *y = Y + q * OH * OW;
+        const float *res = R + q * OH * OW; (void)res;
         const float bias = Bv[q % OC];
     {epilogue}    }}
-"""
+"""))
+    bodies.append(("conv_implicit", _implicit_body(n, head, ep(f"(y[i] + bias{res_term})"))))
+    # A depthwise plane buffer lives on the thread's stack: only for planes of moderate size.
+    if cg == 1 and strides[1] * hpad * wq <= 64 * 1024:
+        bodies.append(("conv_depthwise", _depthwise_body(n, head, ep(f"(acc[ow] + bias{res_term})"))))
     syms = tuple(symbols_of([n]))
-    source = source_with_entries(GEMM_PREAMBLE + defs, [("conv_direct", direct), ("conv_im2col", im2col)], syms)
-    wname = ctx.add_weight(np.ascontiguousarray(w.reshape(oc, -1), dtype=np.float32), wn)
-    bname = ctx.add_weight(np.ascontiguousarray(b, dtype=np.float32), node.input[2] if len(node.input) > 2 and
-                           node.input[2] else wn + ".bias")
+    source, own = kernel_sources(GEMM_PREAMBLE + defs + _IMPLICIT_PACK, bodies, syms)
+    # A run-time weight [OC, CG, KH, KW] is already the [OC, CG*KH*KW] matrix every candidate reads.
+    wname = wn if w is None else ctx.add_weight(np.ascontiguousarray(w.reshape(oc, -1), dtype=np.float32), wn)
+    bname = bn_in if b is None else ctx.add_weight(np.ascontiguousarray(b, dtype=np.float32), bn_in or wn + ".bias")
     out_shape = [n, oc] + ([OW] if len(xs) == 3 else [OH, OW])
-    spec = KernelSpec("conv", source, ("conv_direct", "conv_im2col"), syms, 0 if one_by_one else kc * OH * OW * 4)
-    ctx.emit(spec, [x, wname, bname], [(final, F32, out_shape)])
+    spec = KernelSpec("conv", source, tuple(e for e, _ in bodies), syms, 0 if one_by_one else kc * OH * OW * 4,
+                      entry_sources=own)
+    ctx.emit(spec, [x, wname, bname] + ([residual[0]] if residual else []), [(final, F32, out_shape)])

@@ -2,8 +2,19 @@
 
 Broadcasting is resolved at import: adjacent axes that broadcast the same way for every input are
 merged, so ``[N, C, H, W] + [C, 1, 1]`` becomes a two-level loop nest with plain strides (and a
-single flat loop when no input broadcasts). Activations that directly follow an elementwise node
-(or a Conv/Gemm/MatMul, see ``Lowering.take_epilogue``) are fused into the same kernel.
+single flat loop when no input broadcasts).
+
+**Fusion.** Connected elementwise nodes become one kernel (a ``Group``): a node whose value has
+exactly one consumer, that consumer elementwise too, and that is not a graph output, defers its
+kernel (``Lowering.defer``); the consumer inlines it when the value has the consumer's own output
+shape. The kernel reads each input tensor once per output element, at its own broadcast position,
+and computes the nodes in order in locals of their own C types (so a Cast, an integer wrap-around or
+a half-precision rounding in the middle of a chain gives what separate kernels would). A value with
+two consumers, a graph output, or a value that the consumer broadcasts (a ``[batch, seq, 1]``
+statistic divided into ``[batch, seq, d]``) ends a group and is written to memory: inlining the
+last would compute each of its elements again for every element it is broadcast to. Reductions,
+MatMul and the other ops are never inside a group; activations that follow a Conv/Gemm/MatMul, pool
+or LayerNormalization are fused into that kernel instead (``Lowering.take_epilogue``).
 """
 
 from __future__ import annotations
@@ -11,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
+import attrs
 import numpy as np
 
 from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
@@ -18,7 +30,8 @@ from engine_onnx.dims import Dim, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
 
-__all__ = ["unary_expression", "broadcast_shape", "emit_elementwise", "lit", "loop_nest"]
+__all__ = ["unary_expression", "broadcast_shape", "emit_elementwise", "lit", "loop_nest", "Group", "Step",
+           "FUSIBLE"]
 
 FLOATS = ("float32", "float64", "float16")
 
@@ -37,9 +50,12 @@ def _float_only(op: str, dtype: np.dtype) -> None:
         raise NodeUnsupported(f"{op} on {np.dtype(dtype).name} is not supported (float types only)")
 
 
-def unary_expression(ctx, node, dtype: np.dtype) -> Callable[[str], str] | None:
+def unary_expression(ctx, node, dtype: np.dtype, *, vector_erf: bool = False) -> Callable[[str], str] | None:
     """The C expression of a unary elementwise node (a function of the operand's expression), or
-    None when ``node`` is not a unary elementwise op. Raises ``NodeUnsupported`` for bad attributes."""
+    None when ``node`` is not a unary elementwise op. Raises ``NodeUnsupported`` for bad attributes.
+    ``vector_erf``: float32/float16 ``erf`` calls ``ERF_F32`` (for kernels written by ``group_source``,
+    which defines it), else the C library's."""
+    erf = "eng_erff" if vector_erf and np.dtype(dtype).name in ("float32", "float16") else "erf"
     op = node.op_type
     a = ctx.attr
     L = lambda v: lit(v, dtype)  # noqa: E731
@@ -65,6 +81,8 @@ def unary_expression(ctx, node, dtype: np.dtype) -> Callable[[str], str] | None:
             info = np.iinfo(dtype)
             lo = info.min if math.isinf(lo) else lo
             hi = info.max if math.isinf(hi) else hi
+        if lo > hi:  # ONNX: every element becomes max
+            return lambda x: L(hi)
         return lambda x: f"({x} < {L(lo)} ? {L(lo)} : ({x} > {L(hi)} ? {L(hi)} : {x}))"
     if op == "Sign":
         return lambda x: f"(({ctype(dtype)})(({x} > 0) - ({x} < 0)))"
@@ -76,7 +94,7 @@ def unary_expression(ctx, node, dtype: np.dtype) -> Callable[[str], str] | None:
         "Exp": lambda x: f"exp({x})",
         "Log": lambda x: f"log({x})",
         "Sqrt": lambda x: f"sqrt({x})",
-        "Erf": lambda x: f"erf({x})",
+        "Erf": lambda x: f"{erf}({x})",
         "Reciprocal": lambda x: f"({L(1)} / ({x}))",
         "Floor": lambda x: f"floor({x})",
         "Ceil": lambda x: f"ceil({x})",
@@ -114,7 +132,7 @@ def unary_expression(ctx, node, dtype: np.dtype) -> Callable[[str], str] | None:
         if a(node, "approximate", "none") == "tanh":
             return lambda x: (f"({L(0.5)} * {x} * ({L(1)} + tanh({L(math.sqrt(2 / math.pi))} * "
                               f"({x} + {L(0.044715)} * {x} * {x} * {x}))))")
-        return lambda x: f"({L(0.5)} * {x} * ({L(1)} + erf({x} * {L(1 / math.sqrt(2))})))"
+        return lambda x: f"({L(0.5)} * {x} * ({L(1)} + {erf}({x} * {L(1 / math.sqrt(2))})))"
     return None
 
 
@@ -170,24 +188,123 @@ def loop_nest(out_shape: Sequence[Dim], in_shapes: Sequence[Sequence[Dim]]) -> t
     return sizes, strides
 
 
-def elementwise_source(out_shape: Sequence[Dim], in_shapes: Sequence[Sequence[Dim]], in_types: Sequence[str],
-                       out_type: str, expr: Callable[[list[str]], str], scalars: dict[int, str]) -> str:
-    """C source of one kernel computing ``out = expr(inputs)`` with broadcasting; ``scalars`` maps an
-    input position to a literal used instead of reading the tensor."""
-    sizes, strides = loop_nest(out_shape, in_shapes)
+#: Op types whose handlers go through ``emit_elementwise``: a value whose one consumer is one of
+#: these is left for that consumer to compute inline.
+FUSIBLE = frozenset({*UNARY, "Add", "Sub", "Mul", "Div", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+                     "And", "Or", "Xor", "Pow", "Mod", "PRelu", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Sum", "Max",
+                     "Min", "Mean", "Where", "Cast", "CastLike"})
+
+
+@attrs.frozen
+class Step:
+    """One node of a fused group: ``expr`` of its operands' C values, held in ``dtype``'s C type.
+    An operand is ``("leaf", j)`` (the group's ``j``-th input tensor) or ``("step", k)`` (an earlier step)."""
+
+    op: str
+    dtype: np.dtype
+    expr: Callable[[list[str]], str]
+    operands: tuple[tuple[str, int], ...]
+
+
+@attrs.frozen
+class Group:
+    """Elementwise nodes computed by one kernel. For each output element every leaf is read once, at
+    its own broadcast position, then the steps run in order; the last step is the group's value.
+    Every intermediate has the group's shape (an intermediate that broadcasts is not inlined: it
+    would be computed again for each element it is broadcast to)."""
+
+    leaves: tuple[str, ...]
+    steps: tuple[Step, ...]
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+
+    @property
+    def kernel_name(self) -> str:
+        ops = [s.op.lower() for s in self.steps]
+        if len(ops) == 1:
+            return ops[0]
+        return "fused_" + "_".join(ops[:5]) + (f"_and_{len(ops) - 5}_more" if len(ops) > 5 else "")
+
+
+def _held(dtype: np.dtype, value: str) -> tuple[str, str]:
+    """The C type of a local holding an intermediate of ``dtype`` and its initialiser: rounded to
+    ``dtype`` as the unfused kernel's store would (half precision is rounded, then computed in float)."""
+    if np.dtype(dtype).name == "float16":
+        return "float", f"(float)(_Float16)({value})"
+    t = ctype(dtype)
+    return t, f"({t})({value})"
+
+
+def _same_elements(shape: Sequence[Dim], out_shape: Sequence[Dim]) -> bool:
+    """Whether a value of ``shape`` meets one output element each (no broadcast to ``out_shape``)."""
+    pad = len(out_shape) - len(shape)
+    return pad >= 0 and all(d == 1 for d in out_shape[:pad]) and list(shape) == list(out_shape[pad:])
+
+
+#: GCC turns a ``?:`` whose value feeds more arithmetic (a Relu, Clip or Where in the middle of a
+#: group) into a branch, which cannot be vectorised and mispredicts on signed data, unless it may
+#: assume that floating-point comparisons do not trap. Nothing here reads the floating-point
+#: exception flags, and results are unchanged: no reassociation, NaN and signed zeros kept.
+NO_TRAPS = '#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC optimize("no-trapping-math")\n#endif\n'
+
+
+# erf in float32 without a branch or a library call, so that a loop computing it vectorises (the C
+# library's erff is scalar): |x| < 0.92: x * P(x^2); 0.92 <= |x| < 2 and 2 <= |x| < 3.92: 1 - Q(u)
+# with u the position in the interval scaled to [-1, 1]; beyond, 1. Chebyshev fits of erf(x)/x and
+# erfc(x) (degrees 6, 10, 10); evaluated in float32 within 1.4e-7 of erf everywhere (about two
+# units in the last place near 1; tests/test_onnx_fusion.py checks it on a dense grid). NaN stays
+# NaN (it fails every comparison and falls to the first polynomial).
+_ERF_SMALL = (1.128379225730896, -0.37612634897232056, 0.11283702403306961, -0.026859745383262634,
+              0.005201837979257107, -0.0008151342626661062, 8.40485081425868e-05)
+_ERFC_MID = (1.46, 0.54, (0.0389464907348156, -0.07229473441839218, 0.05699717253446579, -0.022930730134248734,
+                          0.0034991567954421043, 0.0009028537897393107, -0.0005093258805572987,
+                          5.120756395626813e-05, 2.1678528355550952e-05, -5.865365892532282e-06,
+                          -1.6529268975773448e-07))
+_ERFC_HIGH = (2.96, 0.96, (2.8382704840623774e-05, -0.00016960092762019485, 0.00048211286775767803,
+                           -0.0008626913768239319, 0.0010758958524093032, -0.0009761981200426817,
+                           0.00066648970823735, -0.0003454822872299701, 0.00010334001126466319,
+                           1.511374648544006e-05, -1.733851786411833e-05))
+
+
+def _horner(coefs: Sequence[float], var: str) -> str:
+    text = f"{coefs[-1]!r}f"
+    for c in coefs[-2::-1]:
+        text = f"({c!r}f + {var} * {text})"
+    return text
+
+
+ERF_F32 = f"""static inline float eng_erff(float x) {{
+    const float t = __builtin_fabsf(x), s = t * t;
+    const float small = t * {_horner(_ERF_SMALL, "s")};
+    const float u1 = (t - {_ERFC_MID[0]!r}f) * {1 / _ERFC_MID[1]!r}f;
+    const float mid = 1.0f - {_horner(_ERFC_MID[2], "u1")};
+    const float u2 = (t - {_ERFC_HIGH[0]!r}f) * {1 / _ERFC_HIGH[1]!r}f;
+    const float high = 1.0f - {_horner(_ERFC_HIGH[2], "u2")};
+    const float r = t >= 3.92f ? 1.0f : (t >= 2.0f ? high : (t >= 0.92f ? mid : small));
+    return __builtin_copysignf(r, x);
+}}
+"""
+
+
+def group_source(group: Group, leaf_shapes: Sequence[Sequence[Dim]], leaf_types: Sequence[str],
+                 scalars: dict[int, str]) -> str:
+    """C source of one kernel computing ``group`` with broadcasting; ``scalars`` maps a leaf position
+    to a literal used instead of reading the tensor."""
+    out_shape = group.shape
+    out_type = ctype(group.dtype)
+    sizes, strides = loop_nest(out_shape, leaf_shapes)
     symbols = symbols_of(out_shape)
-    tensor_inputs = [j for j in range(len(in_shapes)) if j not in scalars]
+    tensor_leaves = [j for j in range(len(leaf_shapes)) if j not in scalars]
     lines = []
-    for slot, j in enumerate(tensor_inputs):
-        lines.append(f"    const {in_types[j]} *restrict in{j} = (const {in_types[j]} *)t[{slot}];")
-    lines.append(f"    {out_type} *restrict out = ({out_type} *)t[{len(tensor_inputs)}];")
+    for slot, j in enumerate(tensor_leaves):
+        lines.append(f"    const {leaf_types[j]} *restrict in{j} = (const {leaf_types[j]} *)t[{slot}];")
+    lines.append(f"    {out_type} *restrict out = ({out_type} *)t[{len(tensor_leaves)}];")
     total = dims_product(out_shape)
     if not sizes:
-        sizes, strides = [1], [[0] for _ in in_shapes]
+        sizes, strides = [1], [[0] for _ in leaf_shapes]
     idx = [f"i{k}" for k in range(len(sizes))]
-    big = "" if isinstance(total, int) and total < (1 << 18) else (
+    body = "" if isinstance(total, int) and total < (1 << 18) else (
         f"    #pragma omp parallel for if({dim_c(total)} >= 262144)\n")
-    body = big
     for k, size in enumerate(sizes):
         body += "    " * (k + 1) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {dim_c(size)}; {idx[k]}++)\n"
     ostr: list[Dim] = []
@@ -196,38 +313,100 @@ def elementwise_source(out_shape: Sequence[Dim], in_shapes: Sequence[Sequence[Di
         ostr.insert(0, run)
         run = run * size
     off = lambda st: " + ".join(f"{i} * {dim_c(s)}" for i, s in zip(idx, st) if s != 0) or "0"  # noqa: E731
-    # half-precision operands are computed in float (the C library has no _Float16 functions)
-    args = [scalars[j] if j in scalars else
-            (f"((float)in{j}[{off(strides[j])}])" if in_types[j] == "_Float16" else f"in{j}[{off(strides[j])}]")
-            for j in range(len(in_shapes))]
-    body += "    " * (len(sizes) + 1) + f"out[{off(ostr)}] = ({out_type})({expr(args)});\n"
-    return source_with_entries("", [("elementwise", "\n".join(lines) + "\n" + body)], symbols)
+    pad = "    " * (len(sizes) + 1)
+    stmts: list[str] = []
+    leaf_values: list[str] = []
+    for j in range(len(leaf_shapes)):
+        if j in scalars:
+            leaf_values.append(scalars[j])
+            continue
+        # half-precision operands are computed in float (the C library has no _Float16 functions)
+        held = "float" if leaf_types[j] == "_Float16" else leaf_types[j]
+        stmts.append(f"const {held} a{j} = in{j}[{off(strides[j])}];")
+        leaf_values.append(f"a{j}")
+    step_values: list[str] = []
+    for k, step in enumerate(group.steps):
+        args = [leaf_values[i] if kind == "leaf" else step_values[i] for kind, i in step.operands]
+        value = step.expr(args)
+        if k == len(group.steps) - 1:
+            stmts.append(f"out[{off(ostr)}] = ({out_type})({value});")
+        else:
+            held, init = _held(step.dtype, value)
+            stmts.append(f"const {held} v{k} = {init};")
+            step_values.append(f"v{k}")
+    body += pad[:-4] + "{\n" + "".join(f"{pad}{s}\n" for s in stmts) + pad[:-4] + "}\n"
+    preamble = NO_TRAPS + (ERF_F32 if "eng_erff(" in body else "")
+    return source_with_entries(preamble, [("elementwise", "\n".join(lines) + "\n" + body)], symbols)
+
+
+def _extend(ctx, op: str, inputs: Sequence[str], out_shape: Sequence[Dim], out_dtype: np.dtype,
+            expr: Callable[[list[str]], str], inline: bool) -> Group:
+    """The group computing one node: its inputs that are deferred groups of the same shape are
+    inlined (their steps come first), every other input is a leaf."""
+    leaves: list[str] = []
+    steps: list[Step] = []
+    operands: list[tuple[str, int]] = []
+
+    def leaf(name: str) -> tuple[str, int]:
+        if name not in leaves:
+            leaves.append(name)
+        return ("leaf", leaves.index(name))
+
+    for name in inputs:
+        g = ctx.pending(name) if inline else None
+        if isinstance(g, Group) and _same_elements(g.shape, out_shape):
+            ctx.take_pending(name)
+            base = len(steps)
+            for st in g.steps:
+                steps.append(attrs.evolve(st, operands=tuple(
+                    leaf(g.leaves[i]) if kind == "leaf" else ("step", base + i) for kind, i in st.operands)))
+            operands.append(("step", len(steps) - 1))
+        else:
+            operands.append(leaf(name))
+    steps.append(Step(op, np.dtype(out_dtype), expr, tuple(operands)))
+    return Group(tuple(leaves), tuple(steps), np.dtype(out_dtype), tuple(out_shape))
+
+
+def _emit_group(ctx, name: str, group: Group) -> None:
+    shapes = [ctx.shape(n) for n in group.leaves]
+    scalars: dict[int, str] = {}
+    for j, n in enumerate(group.leaves):
+        v = ctx.const(n)
+        if v is not None and v.size == 1 and v.dtype.kind in "fiub":
+            scalars[j] = lit(v.reshape(()).item(), v.dtype)
+    types = [ctype(ctx.dtype(n)) for n in group.leaves]
+    source = group_source(group, shapes, types, scalars)
+    spec = KernelSpec(group.kernel_name, source, ("elementwise",), tuple(symbols_of(group.shape)))
+    ctx.emit(spec, [n for j, n in enumerate(group.leaves) if j not in scalars], [(name, group.dtype, group.shape)])
+
+
+def _joins_consumer(ctx, name: str) -> bool:
+    user = ctx.sole_value_consumer(name)
+    return user is not None and user.domain in ("", "ai.onnx") and user.op_type in FUSIBLE
 
 
 def emit_elementwise(ctx, node, inputs: Sequence[str], out_dtype: np.dtype, expr: Callable[[list[str]], str],
                      *, fuse: bool = True, out_name: str | None = None) -> None:
-    """Lower one elementwise node (inputs broadcast against each other)."""
-    shapes = [ctx.shape(n) for n in inputs]
-    out_shape = broadcast_shape(shapes)
+    """Lower one elementwise node (inputs broadcast against each other).
+
+    With ``fuse``, inputs that are deferred elementwise groups of the output's shape are computed
+    inline, and when the node's one consumer is elementwise too, the node's own kernel is deferred
+    (``Lowering.defer``): a chain becomes one kernel written by its last node.
+    """
+    out_dtype = np.dtype(out_dtype)
+    out_shape = broadcast_shape([ctx.shape(n) for n in inputs])
     target = out_name or node.output[0]
-    ep, final = (lambda x: x), target
-    if fuse and out_dtype.kind == "f":
-        ep, final = ctx.take_epilogue(node, out_dtype)
-    scalars: dict[int, str] = {}
-    for j, n in enumerate(inputs):
-        v = ctx.const(n)
-        if v is not None and v.size == 1 and v.dtype.kind in "fiub":
-            scalars[j] = lit(v.reshape(()).item(), v.dtype)
-    types = [ctype(ctx.dtype(n)) for n in inputs]
-    source = elementwise_source(out_shape, shapes, types, ctype(out_dtype), lambda args: ep(expr(args)), scalars)
-    spec = KernelSpec(node.op_type.lower(), source, ("elementwise",), tuple(symbols_of(out_shape)))
-    ctx.emit(spec, [n for j, n in enumerate(inputs) if j not in scalars], [(final, out_dtype, out_shape)])
+    group = _extend(ctx, node.op_type, inputs, out_shape, out_dtype, expr, fuse)
+    if fuse and target == node.output[0] and _joins_consumer(ctx, target):
+        ctx.defer(target, out_dtype, out_shape, group, lambda: _emit_group(ctx, target, group))
+    else:
+        _emit_group(ctx, target, group)
 
 
 @register(*UNARY)
 def _unary(ctx, node) -> None:
     dtype = ctx.dtype(node.input[0])
-    fn = unary_expression(ctx, node, dtype)
+    fn = unary_expression(ctx, node, dtype, vector_erf=True)
     if fn is None:
         raise NodeUnsupported("Clip bounds must be constants")
     out_dtype = np.dtype(bool) if node.op_type == "Not" else dtype
@@ -249,14 +428,13 @@ def _binary(ctx, node) -> None:
         emit_elementwise(ctx, node, node.input[:2], a_dt, lambda a: f"{a[0]} {sym} {a[1]}")
     elif op in _COMPARE:
         sym = _COMPARE[op]
-        emit_elementwise(ctx, node, node.input[:2], np.dtype(bool), lambda a: f"{a[0]} {sym} {a[1]}", fuse=False)
+        emit_elementwise(ctx, node, node.input[:2], np.dtype(bool), lambda a: f"{a[0]} {sym} {a[1]}")
     elif op in _LOGIC:
         sym = _LOGIC[op]
-        emit_elementwise(ctx, node, node.input[:2], np.dtype(bool), lambda a: f"(!!{a[0]}) {sym} (!!{a[1]})",
-                         fuse=False)
+        emit_elementwise(ctx, node, node.input[:2], np.dtype(bool), lambda a: f"(!!{a[0]}) {sym} (!!{a[1]})")
     elif op.startswith("Bitwise"):
         sym = {"BitwiseAnd": "&", "BitwiseOr": "|", "BitwiseXor": "^"}[op]
-        emit_elementwise(ctx, node, node.input[:2], a_dt, lambda a: f"{a[0]} {sym} {a[1]}", fuse=False)
+        emit_elementwise(ctx, node, node.input[:2], a_dt, lambda a: f"{a[0]} {sym} {a[1]}")
     elif op == "Pow":
         if a_dt.kind == "f":
             emit_elementwise(ctx, node, node.input[:2], a_dt, lambda a: f"pow({a[0]}, ({t})({a[1]}))")
@@ -271,7 +449,7 @@ def _binary(ctx, node) -> None:
         else:
             expr = lambda a: (f"(({a[0]} % {a[1]}) != 0 && ((({a[0]} % {a[1]}) < 0) != ({a[1]} < 0)) ? "  # noqa: E731
                               f"({a[0]} % {a[1]}) + {a[1]} : ({a[0]} % {a[1]}))")
-        emit_elementwise(ctx, node, node.input[:2], a_dt, expr, fuse=False)
+        emit_elementwise(ctx, node, node.input[:2], a_dt, expr)
     elif op == "PRelu":
         emit_elementwise(ctx, node, node.input[:2], a_dt, lambda a: f"({a[0]} < 0 ? {a[0]} * {a[1]} : {a[0]})")
 
@@ -301,7 +479,7 @@ def _variadic(ctx, node) -> None:
 @register("Where")
 def _where(ctx, node) -> None:
     dt = ctx.dtype(node.input[1])
-    emit_elementwise(ctx, node, node.input[:3], dt, lambda a: f"{a[0]} ? {a[1]} : {a[2]}", fuse=False)
+    emit_elementwise(ctx, node, node.input[:3], dt, lambda a: f"{a[0]} ? {a[1]} : {a[2]}")
 
 
 @register("Cast")
@@ -316,13 +494,13 @@ def _cast(ctx, node) -> None:
         ctx.alias(node.output[0], node.input[0], ctx.shape(node.input[0]))
         return
     if to == np.dtype(bool):
-        emit_elementwise(ctx, node, [node.input[0]], to, lambda a: f"{a[0]} != 0", fuse=False)
+        emit_elementwise(ctx, node, [node.input[0]], to, lambda a: f"{a[0]} != 0")
     else:
-        emit_elementwise(ctx, node, [node.input[0]], to, lambda a: a[0], fuse=False)
+        emit_elementwise(ctx, node, [node.input[0]], to, lambda a: a[0])
 
 
 @register("CastLike")
 def _cast_like(ctx, node) -> None:
     to = ctx.dtype(node.input[1])
     expr = (lambda a: f"{a[0]} != 0") if to == np.dtype(bool) else (lambda a: a[0])
-    emit_elementwise(ctx, node, [node.input[0]], to, expr, fuse=False)
+    emit_elementwise(ctx, node, [node.input[0]], to, expr)

@@ -104,8 +104,170 @@ static void gemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_
         gemm_tile(m0, m1, n0, n1, K, A, lda, B, ldb, C, ldc);
     }
 }
+/* ---- Packed GEMM (gemm_packed) -------------------------------------------------------------
+   BLIS-style: B is packed into NR-column panels and A into MR-row panels, KC deep, so the 6x16
+   micro-kernel streams both operands contiguously (12 accumulators + 2 B vectors + 1 broadcast
+   = 15 of AVX2's 16 registers). A B panel (KC x 16 floats) stays in L1 while every A panel of
+   the MC-row block runs over it; the A block (MC x KC) stays in L2. Each thread packs into its
+   own stack buffers and owns whole output tiles, so one parallel region has no barrier inside.
+   fp-contract=fast: ISO C mode (-std=c11) turns off a*b+c contraction, which would halve the
+   AVX2 clone's throughput (separate multiply and add instead of FMA). */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+#define GP_MR 6
+#define GP_NR 16
+#define GP_KC 256
+#define GP_MC 72
+#define GP_NC 256
+
+/* mc x kc block of A (row stride lda) into MR-row panels, zero-padded to a multiple of MR. */
+static void gemm_pack_a(int64_t mc, int64_t kc, const float *A, int64_t lda, float *dst) {
+    for (int64_t p = 0; p < mc; p += GP_MR) {
+        const int64_t mr = mc - p < GP_MR ? mc - p : GP_MR;
+        const float *a = A + p * lda;
+        if (mr == GP_MR) {
+            const float *a1 = a + lda, *a2 = a1 + lda, *a3 = a2 + lda, *a4 = a3 + lda, *a5 = a4 + lda;
+            for (int64_t k = 0; k < kc; k++, dst += GP_MR) {
+                dst[0] = a[k]; dst[1] = a1[k]; dst[2] = a2[k]; dst[3] = a3[k]; dst[4] = a4[k]; dst[5] = a5[k];
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++, dst += GP_MR)
+                for (int64_t i = 0; i < GP_MR; i++) dst[i] = i < mr ? a[i * lda + k] : 0.0f;
+        }
+    }
+}
+
+/* kc x nc block of B (row stride ldb) into NR-column panels, zero-padded to a multiple of NR. */
+static void gemm_pack_b(int64_t kc, int64_t nc, const float *B, int64_t ldb, float *dst) {
+    for (int64_t j = 0; j < nc; j += GP_NR) {
+        const int64_t nr = nc - j < GP_NR ? nc - j : GP_NR;
+        if (nr == GP_NR) {
+            for (int64_t k = 0; k < kc; k++, dst += GP_NR) {
+                st8(dst, ld8(B + k * ldb + j)); st8(dst + 8, ld8(B + k * ldb + j + 8));
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++, dst += GP_NR)
+                for (int64_t q = 0; q < GP_NR; q++) dst[q] = q < nr ? B[k * ldb + j + q] : 0.0f;
+        }
+    }
+}
+
+/* C[mc, nc] (+)= packed A (mc x kc) @ packed B (kc x nc); acc = 0 overwrites C. */
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float *Ap, const float *Bp, float *C,
+                       int64_t ldc, int acc) {
+    for (int64_t j = 0; j < nc; j += GP_NR) {
+        const int64_t nr = nc - j < GP_NR ? nc - j : GP_NR;
+        const float *bpanel = Bp + j * kc;
+        for (int64_t i = 0; i < mc; i += GP_MR) {
+            const int64_t mr = mc - i < GP_MR ? mc - i : GP_MR;
+            const float *a = Ap + i * kc, *b = bpanel;
+            v8sf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
+            v8sf c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
+            for (int64_t k = 0; k < kc; k++, a += GP_MR, b += GP_NR) {
+                const v8sf b0 = ld8(b), b1 = ld8(b + 8);
+                float p = a[0]; c00 += p * b0; c01 += p * b1;
+                p = a[1]; c10 += p * b0; c11 += p * b1;
+                p = a[2]; c20 += p * b0; c21 += p * b1;
+                p = a[3]; c30 += p * b0; c31 += p * b1;
+                p = a[4]; c40 += p * b0; c41 += p * b1;
+                p = a[5]; c50 += p * b0; c51 += p * b1;
+            }
+            float *c = C + i * ldc + j;
+            if (mr == GP_MR && nr == GP_NR) {
+                if (acc) {
+                    c00 += ld8(c); c01 += ld8(c + 8); c10 += ld8(c + ldc); c11 += ld8(c + ldc + 8);
+                    c20 += ld8(c + 2 * ldc); c21 += ld8(c + 2 * ldc + 8); c30 += ld8(c + 3 * ldc);
+                    c31 += ld8(c + 3 * ldc + 8); c40 += ld8(c + 4 * ldc); c41 += ld8(c + 4 * ldc + 8);
+                    c50 += ld8(c + 5 * ldc); c51 += ld8(c + 5 * ldc + 8);
+                }
+                st8(c, c00); st8(c + 8, c01); st8(c + ldc, c10); st8(c + ldc + 8, c11);
+                st8(c + 2 * ldc, c20); st8(c + 2 * ldc + 8, c21); st8(c + 3 * ldc, c30); st8(c + 3 * ldc + 8, c31);
+                st8(c + 4 * ldc, c40); st8(c + 4 * ldc + 8, c41); st8(c + 5 * ldc, c50); st8(c + 5 * ldc + 8, c51);
+            } else {  /* an edge tile: through a local buffer, only the valid part written */
+                float tmp[GP_MR * GP_NR];
+                st8(tmp, c00); st8(tmp + 8, c01); st8(tmp + 16, c10); st8(tmp + 24, c11);
+                st8(tmp + 32, c20); st8(tmp + 40, c21); st8(tmp + 48, c30); st8(tmp + 56, c31);
+                st8(tmp + 64, c40); st8(tmp + 72, c41); st8(tmp + 80, c50); st8(tmp + 88, c51);
+                for (int64_t ii = 0; ii < mr; ii++)
+                    for (int64_t jj = 0; jj < nr; jj++)
+                        c[ii * ldc + jj] = (acc ? c[ii * ldc + jj] : 0.0f) + tmp[ii * GP_NR + jj];
+            }
+        }
+    }
+}
+
+/* K cut into even blocks of at most GP_KC. */
+static inline int64_t gemm_kc(int64_t K) {
+    const int64_t blocks = (K + GP_KC - 1) / GP_KC;
+    return (K + blocks - 1) / blocks;
+}
+
+/* The output grid for `units` independent products of M x N (images x groups of a Conv):
+   column chunks of at most GP_NC (multiples of NR), split further, then by rows, until every
+   thread has work and the tile count is a multiple of the threads (or large). */
+static void gemm_grid(int64_t M, int64_t N, int64_t units, int64_t *tm, int64_t *tn) {
+    int64_t threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    const int64_t max_cn = (N + GP_NR - 1) / GP_NR, max_cm = (M + GP_MR - 1) / GP_MR;
+    int64_t cn = (N + GP_NC - 1) / GP_NC, cm = 1;
+    if ((units * cn) % threads && units * cn < 4 * threads) {
+        int64_t want = ((units * cn + threads - 1) / threads) * threads;
+        int64_t c2 = (want + units - 1) / units;
+        cn = c2 < max_cn ? c2 : max_cn;
+    }
+    if (units * cn < threads) {
+        int64_t c2 = (threads + units * cn - 1) / (units * cn);
+        cm = c2 < max_cm ? c2 : max_cm;
+    }
+    *tn = ((N + cn - 1) / cn + GP_NR - 1) / GP_NR * GP_NR;
+    *tm = ((M + cm - 1) / cm + GP_MR - 1) / GP_MR * GP_MR;
+}
+
+static void gemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float *C, int64_t ldc) {
+    int64_t tm, tn;
+    gemm_grid(M, N, 1, &tm, &tn);
+    const int64_t cm = (M + tm - 1) / tm, cn = (N + tn - 1) / tn, kcb = gemm_kc(K);
+    #pragma omp parallel if (cm * cn > 1 && M * N * K >= 65536)
+    {
+        float ap[GP_MC * GP_KC] __attribute__((aligned(64)));
+        float bp[GP_KC * GP_NC] __attribute__((aligned(64)));
+        #pragma omp for schedule(static)
+        for (int64_t t = 0; t < cm * cn; t++) {
+            const int64_t m0 = (t / cn) * tm, n0 = (t % cn) * tn;
+            const int64_t m1 = m0 + tm < M ? m0 + tm : M, n1 = n0 + tn < N ? n0 + tn : N;
+            for (int64_t k0 = 0; k0 < K; k0 += kcb) {
+                const int64_t kc = K - k0 < kcb ? K - k0 : kcb;
+                gemm_pack_b(kc, n1 - n0, B + k0 * ldb + n0, ldb, bp);
+                for (int64_t mb = m0; mb < m1; mb += GP_MC) {
+                    const int64_t mc = m1 - mb < GP_MC ? m1 - mb : GP_MC;
+                    gemm_pack_a(mc, kc, A + mb * lda + k0, lda, ap);
+                    gemm_macro(mc, n1 - n0, kc, ap, bp, C + mb * ldc + n0, ldc, k0 > 0);
+                }
+            }
+        }
+    }
+}
+#pragma GCC pop_options
 #endif
 """
 
+def _candidates() -> tuple[tuple[str, str], ...]:
+    from engine_onnx.codegen import OWN_BINARY_ROUTINES
+    from engine_onnx.ops.gemm_blas import GEMM_BLAS_PREAMBLE, blas_available
+
+    own = (("simple", "gemm_simple"), ("blocked", "gemm_blocked"), ("packed", "gemm_packed"))
+    if blas_available() is not None:  # the wheel is not installed where the model is converted
+        return own
+    OWN_BINARY_ROUTINES["gemm_blas"] = GEMM_BLAS_PREAMBLE
+    return (*own, ("blas", "gemm_blas"))
+
+
 #: Candidate entries of every GEMM-shaped kernel, in index order, and the routine each one calls.
-GEMM_CANDIDATES = (("simple", "gemm_simple"), ("blocked", "gemm_blocked"))
+#: ``blas`` (OpenBLAS from the scipy-openblas32 wheel, ``gemm_blas``) is offered where the wheel
+#: is installed at conversion; its entries get binaries of their own (``codegen.kernel_sources``), so
+#: a machine without the wheel still loads the bundle and runs the other candidates.
+GEMM_CANDIDATES = _candidates()

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from engine_onnx.codegen import KernelSpec, source_with_entries
+from engine_onnx.codegen import KernelSpec, kernel_sources
 from engine_onnx.dims import Dim, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
@@ -38,7 +38,7 @@ def _epilogue_loop(rows: Dim, n: Dim, out: str, alpha: float, bias: str | None, 
 
 
 def matmul_source(batch: Sequence[Dim], a_batch: Sequence[Dim], b_batch: Sequence[Dim], m: Dim, k: Dim, n: Dim,
-                  epilogue: str, has_bias: bool) -> str:
+                  epilogue: str, has_bias: bool) -> tuple[str, tuple[tuple[str, str], ...]]:
     sizes, strides = loop_nest(batch, [a_batch, b_batch]) if batch else ([], [[], []])
     bodies = []
     out_slot = 3 if has_bias else 2
@@ -65,7 +65,7 @@ def matmul_source(batch: Sequence[Dim], a_batch: Sequence[Dim], b_batch: Sequenc
         body += epilogue
         bodies.append((f"mm_{entry}", body))
     syms = symbols_of([*batch, m, k, n])
-    return source_with_entries(GEMM_PREAMBLE, bodies, syms)
+    return kernel_sources(GEMM_PREAMBLE, bodies, syms)
 
 
 def _require_f32(ctx, names: Sequence[str], op: str) -> None:
@@ -103,9 +103,9 @@ def _matmul(ctx, node) -> None:
     out_full = batch + [m, n]
     out = list(batch) + ([m] if len(sa) > 1 else []) + ([n] if len(sb) > 1 else [])
     epi = _epilogue_loop(dims_product(batch) * m, n, "Y", 1.0, None, [], ep)
-    source = matmul_source(batch, a2[:-2], b2[:-2], m, k, n, epi, False)
+    source, own = matmul_source(batch, a2[:-2], b2[:-2], m, k, n, epi, False)
     spec = KernelSpec("matmul", source, tuple(f"mm_{e}" for e, _ in GEMM_CANDIDATES),
-                      tuple(symbols_of([*out_full, k])))
+                      tuple(symbols_of([*out_full, k])), entry_sources=own)
     ctx.emit(spec, [a, b], [(final, F32, out)])
 
 
@@ -137,6 +137,7 @@ def _gemm(ctx, node) -> None:
     else:
         c = None
     epi = _epilogue_loop(m, n, "Y", alpha, "bias" if c else None, bias_strides, ep)
-    source = matmul_source([], [], [], m, k, n, epi, c is not None)
-    spec = KernelSpec("gemm", source, tuple(f"mm_{e}" for e, _ in GEMM_CANDIDATES), tuple(symbols_of([m, k, n])))
+    source, own = matmul_source([], [], [], m, k, n, epi, c is not None)
+    spec = KernelSpec("gemm", source, tuple(f"mm_{e}" for e, _ in GEMM_CANDIDATES), tuple(symbols_of([m, k, n])),
+                      entry_sources=own)
     ctx.emit(spec, [a, b] + ([c] if c else []), [(final, F32, [m, n])])

@@ -1,6 +1,8 @@
 """Normalisations and softmax: BatchNormalization (inference, as a per-channel scale and shift),
 LRN, Softmax/LogSoftmax (any axis, both the pre-13 "coerce to 2-D" and the per-axis semantics),
-LayerNormalization. float32; reductions accumulate in float and subtract the maximum (softmax)."""
+LayerNormalization (with its optional Mean and InvStdDev outputs), InstanceNormalization (scale
+and bias constant or computed at run time). float32; reductions accumulate in float and subtract
+the maximum (softmax)."""
 
 from __future__ import annotations
 
@@ -23,12 +25,14 @@ def _f32(ctx, node, *names):
 
 @register("BatchNormalization")
 def _batchnorm(ctx, node) -> None:
-    _f32(ctx, node, node.input[0])
-    if ctx.attr(node, "training_mode", 0) or any(ctx.is_used(o) for o in node.output[1:]):
-        raise NodeUnsupported("training mode (running statistics outputs)")
+    _f32(ctx, node, *node.input[:5])
+    training = bool(ctx.attr(node, "training_mode", 0))
+    if not training and any(ctx.is_used(o) for o in node.output[1:]):
+        raise NodeUnsupported("statistics outputs without training_mode (opsets before 14's training form)")
     params = [ctx.const(n) for n in node.input[1:5]]
-    if any(p is None for p in params):
-        raise NodeUnsupported("scale, bias, mean and variance must be constants")
+    if training or any(p is None for p in params):
+        _batchnorm_kernel(ctx, node, training)
+        return
     scale, beta, mean, var = (p.astype(np.float64) for p in params)
     k = scale / np.sqrt(var + float(ctx.attr(node, "epsilon", 1e-5)))
     shift = beta - mean * k
@@ -37,6 +41,59 @@ def _batchnorm(ctx, node) -> None:
     kn = ctx.add_weight(k.astype(np.float32).reshape(-1, *tail), node.name + ".scale")
     sn = ctx.add_weight(shift.astype(np.float32).reshape(-1, *tail), node.name + ".shift")
     emit_elementwise(ctx, node, [node.input[0], kn, sn], F32, lambda a: f"{a[0]} * {a[1]} + {a[2]}")
+
+
+def _batchnorm_kernel(ctx, node, training: bool) -> None:
+    """BatchNormalization as a kernel: parameters computed at run time, or training mode (the
+    batch's own mean and population variance normalise, and the running statistics are updated
+    with ``momentum``, ONNX's outputs 1 and 2)."""
+    x = node.input[0]
+    xs = list(ctx.shape(x))
+    if len(xs) < 2 or isinstance(xs[1], Mono) or any(isinstance(d, Mono) for d in xs[2:]):
+        raise NodeUnsupported("dynamic channel or spatial dimensions (only the batch may be dynamic)")
+    c = xs[1]
+    for n in node.input[1:5]:
+        if list(ctx.shape(n)) != [c]:
+            raise NodeUnsupported(f"scale, bias, mean or variance of shape {list(ctx.shape(n))} (expected [{c}])")
+    plane = int(dims_product(xs[2:]))
+    eps = float(ctx.attr(node, "epsilon", 1e-5))
+    mom = float(ctx.attr(node, "momentum", 0.9))
+    outs = [(node.output[0], F32, xs)]
+    if training:
+        outs += [(o, F32, [c]) for o in node.output[1:3] if o]
+    stats = len(outs) - 1
+    nb = dim_c(xs[0])
+    if training:
+        moments = f"""        float mean = 0.0f, var = 0.0f;
+        for (int64_t n = 0; n < {nb}; n++)
+            for (int64_t j = 0; j < {plane}; j++) mean += X[(n * {c} + ch) * {plane} + j];
+        mean /= (float)({nb} * {plane});
+        for (int64_t n = 0; n < {nb}; n++)
+            for (int64_t j = 0; j < {plane}; j++) {{
+                const float d = X[(n * {c} + ch) * {plane} + j] - mean; var += d * d;
+            }}
+        var /= (float)({nb} * {plane});
+"""
+        moments += "".join(f"        R{i}[ch] = {src}[ch] * {mom!r}f + {cur} * (1.0f - {mom!r}f);\n"
+                           for i, (src, cur) in enumerate((("Mi", "mean"), ("Vi", "var"))) if i < stats)
+    else:
+        moments = "        const float mean = Mi[ch], var = Vi[ch];\n"
+    body = f"""    const float *X = (const float *)t[0], *S = (const float *)t[1], *Bb = (const float *)t[2];
+    const float *Mi = (const float *)t[3], *Vi = (const float *)t[4];
+    float *Y = (float *)t[5];
+    {"float *R0 = (float *)t[6];" if stats > 0 else ""} {"float *R1 = (float *)t[7];" if stats > 1 else ""}
+    #pragma omp parallel for schedule(static) if ({nb} * {c} * {plane} > 65536)
+    for (int64_t ch = 0; ch < {c}; ch++) {{
+{moments}        const float k = S[ch] / sqrtf(var + {eps!r}f), sh = Bb[ch] - mean * k;
+        for (int64_t n = 0; n < {nb}; n++) {{
+            const float *x = X + (n * {c} + ch) * {plane}; float *y = Y + (n * {c} + ch) * {plane};
+            for (int64_t j = 0; j < {plane}; j++) y[j] = x[j] * k + sh;
+        }}
+    }}
+"""
+    syms = tuple(symbols_of(xs))
+    ctx.emit(KernelSpec("batchnorm", source_with_entries("", [("batchnorm", body)], syms), ("batchnorm",), syms),
+             list(node.input[:5]), outs)
 
 
 @register("LRN")
@@ -102,8 +159,7 @@ def _softmax(ctx, node) -> None:
 @register("LayerNormalization")
 def _layernorm(ctx, node) -> None:
     _f32(ctx, node, node.input[0])
-    if any(ctx.is_used(o) for o in node.output[1:]):
-        raise NodeUnsupported("the Mean and InvStdDev outputs")
+    stats = [o if ctx.is_used(o) else None for o in list(node.output[1:3]) + [None] * (3 - len(node.output))][:2]
     xs = list(ctx.shape(node.input[0]))
     axis = int(ctx.attr(node, "axis", -1)) % len(xs)
     if int(ctx.attr(node, "stash_type", 1)) != 1:
@@ -122,9 +178,15 @@ def _layernorm(ctx, node) -> None:
     ep, final = ctx.take_epilogue(node, F32)
     out_slot = len(names)
     bias_expr = " + Bb[j]" if bias else ""
+    # the optional Mean and InvStdDev outputs follow Y, in that order, when a consumer reads them
+    slots = [out_slot + 1 + sum(1 for p in stats[:i] if p) if name else None for i, name in enumerate(stats)]
+    keep_stats = "".join(f"        {arr}[o] = {val};\n" for arr, val, slot in (("Mo", "mean", slots[0]),
+                                                                                ("Ro", "inv", slots[1])) if slot)
     body = f"""    const float *X = (const float *)t[0], *S = (const float *)t[1];
     {"const float *Bb = (const float *)t[2];" if bias else ""}
     float *Y = (float *)t[{out_slot}];
+    {f"float *Mo = (float *)t[{slots[0]}];" if slots[0] else ""}
+    {f"float *Ro = (float *)t[{slots[1]}];" if slots[1] else ""}
     #pragma omp parallel for schedule(static) if ({dim_c(outer)} * {d} > 65536)
     for (int64_t o = 0; o < {dim_c(outer)}; o++) {{
         const float *x = X + o * {d}; float *y = Y + o * {d};
@@ -134,8 +196,44 @@ def _layernorm(ctx, node) -> None:
         var /= (float){d};
         const float inv = 1.0f / sqrtf(var + {eps!r}f);
         for (int64_t j = 0; j < {d}; j++) y[j] = {ep(f"(x[j] - mean) * inv * S[j]{bias_expr}")};
+{keep_stats}    }}
+"""
+    syms = tuple(symbols_of(xs))
+    stat_shape = xs[:axis] + [1] * (len(xs) - axis)
+    outs = [(final, F32, xs)] + [(name, F32, stat_shape) for name in stats if name]
+    ctx.emit(KernelSpec("layernorm", source_with_entries("", [("layernorm", body)], syms), ("layernorm",), syms),
+             names, outs)
+
+
+@register("InstanceNormalization")
+def _instancenorm(ctx, node) -> None:
+    x, scale, bias = node.input[0], node.input[1], node.input[2]
+    _f32(ctx, node, x, scale, bias)
+    xs = list(ctx.shape(x))
+    if len(xs) < 3:
+        raise NodeUnsupported(f"a rank-{len(xs)} input (expected [N, C, spatial...])")
+    if any(isinstance(d, Mono) for d in xs[1:]):
+        raise NodeUnsupported("dynamic channel or spatial dimensions (only the batch may be dynamic)")
+    c, plane = xs[1], int(dims_product(xs[2:]))
+    for n in (scale, bias):
+        if list(ctx.shape(n)) != [c]:
+            raise NodeUnsupported(f"scale or bias of shape {list(ctx.shape(n))} (expected [{c}])")
+    eps = float(ctx.attr(node, "epsilon", 1e-5))
+    ep, final = ctx.take_epilogue(node, F32)
+    body = f"""    const float *X = (const float *)t[0], *S = (const float *)t[1], *Bb = (const float *)t[2];
+    float *Y = (float *)t[3];
+    #pragma omp parallel for schedule(static) if ({dim_c(xs[0])} * {c} * {plane} > 65536)
+    for (int64_t q = 0; q < {dim_c(xs[0])} * {c}; q++) {{
+        const float *x = X + q * {plane}; float *y = Y + q * {plane};
+        const float sc = S[q % {c}], sh = Bb[q % {c}];
+        float mean = 0.0f; for (int64_t j = 0; j < {plane}; j++) mean += x[j];
+        mean /= (float){plane};
+        float var = 0.0f; for (int64_t j = 0; j < {plane}; j++) {{ const float d = x[j] - mean; var += d * d; }}
+        var /= (float){plane};
+        const float k = sc / sqrtf(var + {eps!r}f);
+        for (int64_t j = 0; j < {plane}; j++) y[j] = {ep("(x[j] - mean) * k + sh")};
     }}
 """
     syms = tuple(symbols_of(xs))
-    ctx.emit(KernelSpec("layernorm", source_with_entries("", [("layernorm", body)], syms), ("layernorm",), syms),
-             names, [(final, F32, xs)])
+    ctx.emit(KernelSpec("instancenorm", source_with_entries("", [("instancenorm", body)], syms),
+                        ("instancenorm",), syms), [x, scale, bias], [(final, F32, xs)])

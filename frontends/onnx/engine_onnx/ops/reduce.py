@@ -36,8 +36,12 @@ def _reduce(ctx, node) -> None:
     keep = [1 if i in red else d for i, d in enumerate(xs)]
     out = keep if ctx.attr(node, "keepdims", 1) else [d for i, d in enumerate(xs) if i not in red]
     count = dims_product([xs[i] for i in red])
+    if dt.kind == "b" and op not in ("ReduceMax", "ReduceMin"):
+        raise NodeUnsupported(f"{op} on bool (only ReduceMax and ReduceMin take bool)")
     init = _INIT[op]
-    if dt.kind != "f" and np.isinf(init):
+    if dt.kind == "b":
+        init = 0 if init < 0 else 1
+    elif dt.kind != "f" and np.isinf(init):
         init = np.iinfo(dt).min if init < 0 else np.iinfo(dt).max
     acc = {"ReduceSum": "o + v", "ReduceMean": "o + v", "ReduceSumSquare": "o + v * v", "ReduceL2": "o + v * v",
            "ReduceL1": "o + fabs(v)", "ReduceProd": "o * v", "ReduceMax": "v > o ? v : o",
@@ -59,8 +63,6 @@ def _reduce(ctx, node) -> None:
         body += f"    for (int64_t i = 0; i < {dim_c(n_out)}; i++) Y[i] /= ({t}){dim_c(count)};\n"
     if op == "ReduceL2":
         body += f"    for (int64_t i = 0; i < {dim_c(n_out)}; i++) Y[i] = ({t})sqrt((double)Y[i]);\n"
-    if dt.kind == "b":
-        raise NodeUnsupported(f"{op} on bool")
     syms = tuple(symbols_of(xs))
     ctx.emit(KernelSpec(op.lower(), source_with_entries("", [("reduce", body)], syms), ("reduce",), syms), [x],
              [(node.output[0], dt, out)])

@@ -1,5 +1,6 @@
 """Data movement: views (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout) and copies
-(Transpose, Slice, Expand, Concat, Split, Gather, ConstantOfShape, output copies).
+(Transpose, Slice, Expand, Concat, Split, Gather, ConstantOfShape, Tile, output copies); Range is
+folded when its inputs are constants and refused otherwise (its length would depend on data).
 
 Tensors are contiguous and row-major, so a view costs nothing: the consumer reads the same bytes
 with another logical shape. Every strided copy (Transpose, Slice, Expand) is one generated loop
@@ -14,7 +15,7 @@ import numpy as np
 
 from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
 from engine_onnx.dims import Dim, Mono, dim_c, dim_div, dims_product, symbols_of
-from engine_onnx.errors import NodeUnsupported
+from engine_onnx.errors import NodeUnsupported, UnsupportedModelError, UnsupportedNode
 from engine_onnx.ops import register
 
 __all__ = ["emit_copy", "strided_copy_source", "axes_of"]
@@ -39,8 +40,10 @@ def _strides(shape: Sequence[Dim]) -> list[Dim]:
     return out
 
 
-def strided_copy_source(out_shape: Sequence[Dim], in_strides: Sequence[Dim], base: Dim, dtype: np.dtype) -> str:
-    """``out[i...] = in[base + sum(i_k * in_strides[k])]`` over the output's axes."""
+def strided_copy_source(out_shape: Sequence[Dim], in_strides: Sequence[Dim], base: Dim, dtype: np.dtype,
+                        refuse_if: Sequence[str] = ()) -> str:
+    """``out[i...] = in[base + sum(i_k * in_strides[k])]`` over the output's axes; the kernel fails
+    (returns 1) without writing when one of the C conditions ``refuse_if`` holds."""
     sizes: list[Dim] = []
     strides: list[Dim] = []
     for size, st in zip(out_shape, in_strides):
@@ -53,7 +56,8 @@ def strided_copy_source(out_shape: Sequence[Dim], in_strides: Sequence[Dim], bas
             sizes.append(size)
             strides.append(st)
     t = ctype(dtype)
-    body = f"    const {t} *restrict in = (const {t} *)t[0] + {dim_c(base)};\n    {t} *restrict out = ({t} *)t[1];\n"
+    body = "".join(f"    if ({cond}) return 1;\n" for cond in refuse_if)
+    body += f"    const {t} *restrict in = (const {t} *)t[0] + {dim_c(base)};\n    {t} *restrict out = ({t} *)t[1];\n"
     if not sizes:
         body += "    out[0] = in[0];\n"
     else:
@@ -67,11 +71,19 @@ def strided_copy_source(out_shape: Sequence[Dim], in_strides: Sequence[Dim], bas
     return source_with_entries("", [("copy", body)], symbols_of([*out_shape, base, *in_strides]))
 
 
+def _output_ctype(ctx, name: str, dtype: np.dtype) -> str:
+    """The C type of graph output ``name``; the walk is over, so a refusal is the model's error."""
+    try:
+        return ctype(dtype)
+    except NodeUnsupported as exc:
+        raise UnsupportedModelError([UnsupportedNode(name, "output", str(exc))], ctx.name) from None
+
+
 def emit_copy(ctx, src: str, dst: str) -> None:
     """A fresh contiguous copy of ``src`` (for graph outputs that are views, inputs or weights)."""
     shape = ctx.shape(src)
     dtype = ctx.dtype(src)
-    t = ctype(dtype)
+    t = _output_ctype(ctx, src, dtype)
     n = dims_product(shape)
     body = f"    memcpy(t[1], t[0], (size_t){dim_c(n)} * sizeof({t}));\n"
     spec = KernelSpec("copy", source_with_entries("", [("copy", body)], symbols_of(shape)), ("copy",),
@@ -82,7 +94,7 @@ def emit_copy(ctx, src: str, dst: str) -> None:
 def emit_constant(ctx, src: str, dst: str) -> None:
     """A graph output known at import, written by a kernel holding its (small) value."""
     arr = np.require(ctx.const(src), requirements="C")
-    t = ctype(arr.dtype)
+    t = _output_ctype(ctx, src, arr.dtype)
     if arr.dtype.kind == "f":
         items = [float(v).hex() if np.isfinite(v) else ("NAN" if np.isnan(v) else "INFINITY" if v > 0 else
                                                           "-INFINITY") for v in arr.reshape(-1).tolist()]
@@ -108,9 +120,13 @@ def _dropout(ctx, node) -> None:
         mode = ctx.require_const(node.input[2], "Dropout training_mode")
         if bool(mode.reshape(-1)[0]):
             raise NodeUnsupported("training_mode=True (only inference is supported)")
-    if len(node.output) > 1 and ctx.is_used(node.output[1]):
-        raise NodeUnsupported("the mask output is not supported (inference only)")
-    ctx.alias(node.output[0], node.input[0], ctx.shape(node.input[0]))
+    shape = list(ctx.shape(node.input[0]))
+    ctx.alias(node.output[0], node.input[0], shape)
+    if len(node.output) > 1 and ctx.is_used(node.output[1]):  # inference keeps every element: all true
+        body = f"    memset(t[0], 1, (size_t){dim_c(dims_product(shape))});\n"
+        syms = tuple(symbols_of(shape))
+        ctx.emit(KernelSpec("mask", source_with_entries("", [("mask", body)], syms), ("mask",), syms), [],
+                 [(node.output[1], np.dtype(bool), shape)])
 
 
 @register("Reshape")
@@ -192,7 +208,11 @@ def _slice_params(ctx, node, shape):
         steps = [1] * len(starts)
     else:
         starts = [int(x) for x in ctx.require_const(node.input[1], "Slice starts").reshape(-1)]
-        ends = [int(x) for x in ctx.require_const(node.input[2], "Slice ends").reshape(-1)]
+        known = ctx.value(node.input[2])
+        if known is not None and known.dtype == object:  # an end computed from a dimension (x[:, :seq])
+            ends = [d if isinstance(d, Mono) else int(d) for d in known.reshape(-1)]
+        else:
+            ends = [int(x) for x in ctx.require_const(node.input[2], "Slice ends").reshape(-1)]
         axes = ([int(x) for x in ctx.require_const(node.input[3], "Slice axes").reshape(-1)]
                 if len(node.input) > 3 and node.input[3] else list(range(len(starts))))
         steps = ([int(x) for x in ctx.require_const(node.input[4], "Slice steps").reshape(-1)]
@@ -207,8 +227,18 @@ def _slice(ctx, node) -> None:
     begin: list[Dim] = [0] * len(s)
     step: list[int] = [1] * len(s)
     out = list(s)
+    guards: list[str] = []
     for st, en, ax, sp in zip(starts, ends, axes, steps):
         dim = s[ax]
+        if isinstance(en, Mono):
+            # torch's position_ids[:, :seq]: the output takes the symbol; a run where it exceeds the
+            # axis fails instead of reading past the input.
+            if isinstance(dim, Mono) or st != 0 or sp != 1:
+                raise NodeUnsupported(f"a Slice end computed from a dimension needs start 0, step 1 and a static "
+                                      f"axis (axis {ax}: start {st}, step {sp}, size {dim})")
+            out[ax] = en
+            guards.append(f"{dim_c(en)} > {dim}")
+            continue
         if isinstance(dim, Mono):
             if st == 0 and sp == 1 and en >= INT_MAX // 4:
                 continue
@@ -226,7 +256,7 @@ def _slice(ctx, node) -> None:
             base = base + stv * b
     dtype = ctx.dtype(node.input[0])
     in_strides = [stv * sp for stv, sp in zip(strides, step)]
-    spec = KernelSpec("slice", strided_copy_source(out, in_strides, base, dtype), ("copy",),
+    spec = KernelSpec("slice", strided_copy_source(out, in_strides, base, dtype, refuse_if=guards), ("copy",),
                       tuple(symbols_of([*out, *in_strides])))
     ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, out)])
 
@@ -359,3 +389,51 @@ def _constant_of_shape(ctx, node) -> None:
 def _folded_only(ctx, node) -> None:
     """These are always folded at import (``folding``); reaching here means the fold failed."""
     raise NodeUnsupported("cannot be evaluated at import (sparse or unsupported constant, or unknown shape)")
+
+
+@register("Tile")
+def _tile(ctx, node) -> None:
+    from engine_onnx.ops.axis_map import axis_map_spec
+
+    s = list(ctx.shape(node.input[0]))
+    reps = [int(r) for r in ctx.require_const(node.input[1], "the Tile repeats").reshape(-1)]
+    if len(reps) != len(s) or any(r < 0 for r in reps):
+        raise NodeUnsupported(f"repeats {reps} for a rank-{len(s)} input (expected one non-negative count per axis)")
+    tables: list[np.ndarray | None] = []
+    out: list[Dim] = []
+    for k, (d, r) in enumerate(zip(s, reps)):
+        if r == 1:
+            tables.append(None)
+            out.append(d)
+        elif isinstance(d, Mono):
+            raise NodeUnsupported(f"tiling dynamic axis {k}")
+        else:
+            tables.append(np.tile(np.arange(int(d), dtype=np.int64), r))
+            out.append(int(d) * r)
+    dtype = ctx.dtype(node.input[0])
+    ctx.emit(axis_map_spec("tile", out, s, tables, dtype), [node.input[0]], [(node.output[0], dtype, out)])
+
+
+@register("Range")
+def _range(ctx, node) -> None:
+    """Folded at import when start, limit and delta are constants (``folding``). A limit that is a
+    dynamic dimension (``arange(seq_len)`` in torch exports: ``Range(0, Shape(x)[1], 1)``) with a
+    constant start of 0 and a positive integer step becomes a kernel of ``limit / delta`` elements
+    (an exact division of the dimension; others are refused); anything else computed at run time is
+    refused, as the output length would depend on data."""
+    vals = [ctx.value(n) for n in node.input[:3]]
+    if any(v is None or v.size != 1 for v in vals):
+        raise NodeUnsupported("start, limit and delta must be known at import (the output length depends on them)")
+    start, limit, delta = (v.reshape(-1)[0] for v in vals)
+    if isinstance(start, Mono) or isinstance(delta, Mono) or int(start) != start or int(delta) != delta \
+            or int(start) != 0 or int(delta) <= 0:
+        raise NodeUnsupported(f"a Range over a dynamic limit needs start 0 and a positive integer delta, got "
+                              f"start {start!r} and delta {delta!r}")
+    length = dim_div(limit, int(delta))
+    dtype = next((ctx.dtype(n) for n in node.input[:3] if ctx.const(n) is not None), np.dtype("int64"))
+    t = ctype(dtype)
+    body = (f"    {t} *restrict out = ({t} *)t[0];\n"
+            f"    for (int64_t i = 0; i < {dim_c(length)}; i++) out[i] = ({t})(i * {int(delta)});\n")
+    syms = tuple(symbols_of([length]))
+    ctx.emit(KernelSpec("range", source_with_entries("", [("range", body)], syms), ("range",), syms), [],
+             [(node.output[0], dtype, [length])])
