@@ -84,8 +84,13 @@ def test_light_model_matches_onnxruntime_at_batch_1_and_8(name):
 
 
 def test_shipped_light_model_with_its_own_weights_matches_onnxruntime():
+    # The shipped weights are all 0.02: every class's logit is the same large number, so the softmax
+    # is uniform only if every output channel is computed in the same rounding order. Tuned
+    # candidates may differ there (OpenBLAS's edge rows): candidate 0 everywhere keeps one order;
+    # every candidate's values are checked on random weights (test_onnx_kernels.py, the tests above).
     model = onnx.load(zoo.light_model_path("squeezenet"))
-    graph = _quick(engine_onnx.convert(zoo.light_model_path("squeezenet")).build())
+    bundle = engine_onnx.convert(zoo.light_model_path("squeezenet")).to_bytes()
+    graph = engine.load_compiled_graph(bundle, dispatch_policy="first")
     _check(model, graph, [(1, 3, 224, 224)])
 
 
