@@ -8,7 +8,7 @@ from ``symbols`` into ``s_<name>`` locals by the prologue.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -17,8 +17,7 @@ from engine_cpu.libraries import link_directives
 
 from engine_onnx.errors import NodeUnsupported
 
-__all__ = ["KernelSpec", "ctype", "prologue", "HEADER", "source_with_entries", "kernel_sources", "cpu_options",
-           "OWN_BINARY_ROUTINES"]
+__all__ = ["KernelSpec", "ctype", "prologue", "HEADER", "source_with_entries", "kernel_sources", "cpu_options"]
 
 HEADER = "#include <stdint.h>\n#include <string.h>\n#include <tgmath.h>\n#undef I\n"
 
@@ -88,18 +87,14 @@ def source_with_entries(preamble: str, bodies: Sequence[tuple[str, str]], symbol
     return "\n".join(parts)
 
 
-#: GEMM-like routines that need something optional where they load (a library from a wheel): a
-#: body calling one gets a source of its own (routine name -> the preamble defining it).
-OWN_BINARY_ROUTINES: dict[str, str] = {}
-
-
-def kernel_sources(preamble: str, bodies: Sequence[tuple[str, str]],
-                   symbols: Sequence[str]) -> tuple[str, tuple[tuple[str, str], ...]]:
+def kernel_sources(preamble: str, bodies: Sequence[tuple[str, str]], symbols: Sequence[str],
+                   own_binary: Mapping[str, str]) -> tuple[str, tuple[tuple[str, str], ...]]:
     """``source_with_entries`` for the bodies that need nothing optional, and one source per body
-    that calls a routine of ``OWN_BINARY_ROUTINES`` (that routine's preamble first)."""
+    that calls a routine of ``own_binary`` (routine name -> the preamble defining it; routines that
+    need something optional where they load, such as a library from a wheel), that preamble first."""
     shared, own = [], []
     for entry, body in bodies:
-        extra = [pre for routine, pre in OWN_BINARY_ROUTINES.items() if f"{routine}(" in body]
+        extra = [pre for routine, pre in own_binary.items() if f"{routine}(" in body]
         if extra:
             own.append((entry, source_with_entries("".join(extra) + preamble, [(entry, body)], symbols)))
         else:

@@ -25,7 +25,7 @@ from engine_onnx.codegen import KernelSpec, kernel_sources
 from engine_onnx.dims import Mono, dim_c, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
-from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE
+from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE, OWN_BINARY_ROUTINES
 
 __all__ = ["conv_geometry"]
 
@@ -335,7 +335,7 @@ def _conv(ctx, node) -> None:
     if cg == 1 and strides[1] * hpad * wq <= 64 * 1024:
         bodies.append(("conv_depthwise", _depthwise_body(n, head, ep(f"(acc[ow] + bias{res_term})"))))
     syms = tuple(symbols_of([n]))
-    source, own = kernel_sources(GEMM_PREAMBLE + defs + _IMPLICIT_PACK, bodies, syms)
+    source, own = kernel_sources(GEMM_PREAMBLE + defs + _IMPLICIT_PACK, bodies, syms, OWN_BINARY_ROUTINES)
     # A run-time weight [OC, CG, KH, KW] is already the [OC, CG*KH*KW] matrix every candidate reads.
     wname = wn if w is None else ctx.add_weight(np.ascontiguousarray(w.reshape(oc, -1), dtype=np.float32), wn)
     bname = bn_in if b is None else ctx.add_weight(np.ascontiguousarray(b, dtype=np.float32), bn_in or wn + ".bias")

@@ -255,19 +255,25 @@ static void gemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t
 #endif
 """
 
-def _candidates() -> tuple[tuple[str, str], ...]:
-    from engine_onnx.codegen import OWN_BINARY_ROUTINES
-    from engine_onnx.ops.gemm_blas import GEMM_BLAS_PREAMBLE, blas_available
+def _blas_ready() -> bool:
+    from engine_onnx.ops.gemm_blas import blas_available
 
-    own = (("simple", "gemm_simple"), ("blocked", "gemm_blocked"), ("packed", "gemm_packed"))
-    if blas_available() is not None:  # the wheel is not installed where the model is converted
-        return own
-    OWN_BINARY_ROUTINES["gemm_blas"] = GEMM_BLAS_PREAMBLE
-    return (*own, ("blas", "gemm_blas"))
+    return blas_available() is None  # the wheel is installed where the model is converted
 
+
+def _own_binary_routines() -> dict[str, str]:
+    from engine_onnx.ops.gemm_blas import GEMM_BLAS_PREAMBLE
+
+    return {"gemm_blas": GEMM_BLAS_PREAMBLE} if _blas_ready() else {}
+
+
+#: GEMM routines whose callers get a source (and binaries) of their own: they need something
+#: optional where they load (``codegen.kernel_sources``). Routine name -> the preamble defining it.
+OWN_BINARY_ROUTINES = _own_binary_routines()
 
 #: Candidate entries of every GEMM-shaped kernel, in index order, and the routine each one calls.
 #: ``blas`` (OpenBLAS from the scipy-openblas32 wheel, ``gemm_blas``) is offered where the wheel
-#: is installed at conversion; its entries get binaries of their own (``codegen.kernel_sources``), so
-#: a machine without the wheel still loads the bundle and runs the other candidates.
-GEMM_CANDIDATES = _candidates()
+#: is installed at conversion; its entries get binaries of their own, so a machine without the
+#: wheel still loads the bundle and runs the other candidates.
+GEMM_CANDIDATES = (("simple", "gemm_simple"), ("blocked", "gemm_blocked"), ("packed", "gemm_packed"),
+                   *((("blas", "gemm_blas"),) if OWN_BINARY_ROUTINES else ()))

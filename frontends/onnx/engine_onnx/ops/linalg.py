@@ -16,7 +16,7 @@ from engine_onnx.dims import Dim, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
 from engine_onnx.ops.elementwise import broadcast_shape, lit, loop_nest
-from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE
+from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE, OWN_BINARY_ROUTINES
 from engine_onnx.ops.shape import strided_copy_source
 
 __all__ = ["matmul_source"]
@@ -65,7 +65,7 @@ def matmul_source(batch: Sequence[Dim], a_batch: Sequence[Dim], b_batch: Sequenc
         body += epilogue
         bodies.append((f"mm_{entry}", body))
     syms = symbols_of([*batch, m, k, n])
-    return kernel_sources(GEMM_PREAMBLE, bodies, syms)
+    return kernel_sources(GEMM_PREAMBLE, bodies, syms, OWN_BINARY_ROUTINES)
 
 
 def _require_f32(ctx, names: Sequence[str], op: str) -> None:
