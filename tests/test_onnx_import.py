@@ -183,10 +183,31 @@ def test_an_unsupported_attribute_names_the_node_and_the_reason():
 
 def test_an_opset_out_of_range_is_refused_in_one_line():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    newest = onnx.defs.onnx_opset_version()
     model = _tiny_model([helper.make_node("Relu", ["x"], ["y"])], [x],
-                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], opset=7)
-    with pytest.raises(engine_onnx.UnsupportedOpsetError, match="opset 7; expected an opset from 9"):
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], opset=newest + 1)
+    with pytest.raises(engine_onnx.UnsupportedOpsetError, match=f"opset {newest + 1}; expected an opset from 1 to {newest}"):
         engine_onnx.convert(model)
+
+
+def test_an_old_opset_is_read_node_by_node():
+    # Relu and Not mean the same at opset 7 as at 9: the model imports and runs. Add changed at 7
+    # (its ``broadcast`` attribute went away): at opset 6 it is refused with the node named, and
+    # every other node is still checked (one error listing all of them).
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
+    model = _tiny_model([helper.make_node("Relu", ["x"], ["y"])], [x], [y], opset=7)
+    graph = engine_onnx.convert(model).build()
+    out = graph.run_async([np.array([-1.0, 0.5, 2.0], np.float32)])[0].numpy()
+    np.testing.assert_array_equal(out, [0.0, 0.5, 2.0])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [3])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [3])
+    old = _tiny_model([helper.make_node("Add", ["x", "b"], ["y"], name="add0"),
+                       helper.make_node("Sigmoid", ["x"], ["z"], name="sig")], [x, b], [y, z], opset=5)
+    with pytest.raises(engine_onnx.UnsupportedModelError) as info:
+        engine_onnx.convert(old)
+    assert [(n.name, n.op_type) for n in info.value.nodes] == [("add0", "Add"), ("sig", "Sigmoid")]
+    assert "the opset-5 definition of Add (version 1); the importer reads version 7 and later" in str(info.value)
 
 
 def test_named_dimensions_become_symbols_and_shape_arithmetic_folds():

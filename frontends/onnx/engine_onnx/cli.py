@@ -22,10 +22,11 @@ def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
     from engine.cli.commands import add_command
 
     p = add_command(sub, "convert", help="convert an ONNX model into a bundle (engine-onnx)",
-                    description="Import an ONNX model (opset 9 and newer): fold constants, infer shapes, turn dynamic "
-                                "dimensions into symbols and generate C kernels for the CPU plugin (several "
-                                "candidates for MatMul, Gemm and Conv), then save one bundle. Unsupported nodes are "
-                                "all listed in one error and no bundle is written.",
+                    description="Import an ONNX model (operators as defined from opset 9 on; older opsets node "
+                                "by node): fold constants, infer shapes, turn dynamic dimensions into symbols and "
+                                "generate C kernels for the CPU plugin (several candidates for MatMul, Gemm and "
+                                "Conv), then save one bundle. Unsupported nodes are all listed in one error and no "
+                                "bundle is written.",
                     examples=EXAMPLES, parents=[common["debug"]])
     p.add_argument("model", metavar="MODEL", help="an .onnx file")
     p.add_argument("-o", "--output", required=True, metavar="BUNDLE",

@@ -36,6 +36,7 @@ from engine.build import GraphBuilder
 from engine_onnx.codegen import KernelSpec, cpu_options
 from engine_onnx.dims import Dim, DimError, Mono, dim_expr
 from engine_onnx.errors import ModelLoadError, NodeUnsupported, UnsupportedModelError, UnsupportedNode
+from engine_onnx.model import older_definition
 
 __all__ = ["Lowering", "Operand", "Ref", "Deferred", "sanitize_symbol"]
 
@@ -362,6 +363,8 @@ class Lowering:
                 self.poisoned.update(o for o in node.output if o)
                 continue
             try:
+                if node.domain in ("", "ai.onnx") and (why := older_definition(node.op_type, self.opset)):
+                    raise NodeUnsupported(why)
                 if try_fold(self, node):
                     continue
                 handler = handler_for(node)

@@ -9,12 +9,38 @@ import onnx
 
 from engine_onnx.errors import ModelLoadError, UnsupportedOpsetError
 
-__all__ = ["load_model", "MIN_OPSET", "MAX_OPSET"]
+__all__ = ["load_model", "MIN_OPSET", "MAX_OPSET", "BASE_OPSET", "older_definition"]
 
-#: The default-domain opsets the importer reads. ONNX's shipped ``light`` models are opset 9, so the
-#: per-op differences from 9 on (Unsqueeze axes as an input, Softmax's axis semantics…) are handled.
-MIN_OPSET = 9
+#: The opset whose operator definitions the handlers read, and every later one: ONNX's shipped
+#: ``light`` models are opset 9, so the per-op differences from 9 on (Unsqueeze axes as an input,
+#: Softmax's axis semantics…) are handled.
+BASE_OPSET = 9
+#: The default-domain opsets a model may declare. A model older than ``BASE_OPSET`` is read node by
+#: node: an operator whose definition did not change between the model's opset and ``BASE_OPSET``
+#: (Relu, Not, And…) is the operator the handler knows; any other is refused with its node named
+#: (``older_definition``), so an old model imports exactly when everything in it means today's thing.
+MIN_OPSET = 1
 MAX_OPSET = onnx.defs.onnx_opset_version()
+
+
+def older_definition(op_type: str, opset: int) -> str | None:
+    """Why a default-domain node of a model at ``opset`` (older than ``BASE_OPSET``) cannot be read
+    as the operator the handlers know; None when its definition is the one in force at
+    ``BASE_OPSET``."""
+    if opset >= BASE_OPSET:
+        return None
+    try:
+        version = onnx.defs.get_schema(op_type, opset, "").since_version
+    except onnx.defs.SchemaError:
+        return None  # not an ONNX operator at that opset: the handler lookup names it
+    try:
+        base = onnx.defs.get_schema(op_type, BASE_OPSET, "").since_version
+    except onnx.defs.SchemaError:
+        base = None
+    if version == base:
+        return None
+    return (f"the opset-{opset} definition of {op_type} (version {version}); the importer reads "
+            + (f"version {base} and later (opset {BASE_OPSET} on)" if base else f"operators as of opset {BASE_OPSET}"))
 
 
 def load_model(model: "str | os.PathLike[str] | bytes | onnx.ModelProto") -> onnx.ModelProto:
