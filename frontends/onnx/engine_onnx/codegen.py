@@ -17,7 +17,8 @@ from engine_cpu.libraries import link_directives
 
 from engine_onnx.errors import NodeUnsupported
 
-__all__ = ["KernelSpec", "ctype", "prologue", "HEADER", "source_with_entries", "kernel_sources", "cpu_options"]
+__all__ = ["KernelSpec", "ctype", "prologue", "HEADER", "source_with_entries", "kernel_sources", "cpu_options",
+           "parallel_rows"]
 
 HEADER = "#include <stdint.h>\n#include <string.h>\n#include <tgmath.h>\n#undef I\n"
 
@@ -100,3 +101,39 @@ def kernel_sources(preamble: str, bodies: Sequence[tuple[str, str]], symbols: Se
         else:
             shared.append((entry, body))
     return source_with_entries(preamble, shared, symbols), tuple(own)
+
+
+def parallel_rows(entry: str, symbols: Sequence[str], decls: str, rows: str, row_body: str,
+                  parallel_if: str | None) -> tuple[str, str]:
+    """(preamble, entry body) of a kernel that runs ``row_body`` for each row ``r`` in ``[0, rows)``.
+
+    The rows run in a function compiled twice (``target_clones``: x86-64-v3, i.e. AVX2+FMA, and
+    baseline x86-64), the right one picked when the library loads, so a bundle stays portable while
+    its loops use the host's vectors. The OpenMP region is in the entry and calls that function:
+    a parallel loop inside a cloned function would be outlined into a function compiled for the
+    baseline only. When ``parallel_if`` (a C condition) holds, the rows are split evenly among
+    the threads; ``decls`` (the tensor pointers, read from ``t``) and the symbols' ``s_<name>``
+    locals are in scope in ``row_body``.
+    """
+    syms = "".join(f"    const int64_t s_{s} = sym[{i}]; (void)s_{s};\n" for i, s in enumerate(symbols))
+    fn = (f"__attribute__((target_clones(\"arch=x86-64-v3\", \"default\")))\n"
+          f"static void {entry}_rows(void *const *t, const int64_t *sym, int64_t lo, int64_t hi) {{\n"
+          f"    (void)sym;\n{syms}{decls}"
+          f"    for (int64_t r = lo; r < hi; r++) {{\n{row_body}    }}\n}}\n")
+    if parallel_if is None:
+        return fn, f"    {entry}_rows(t, sym, 0, {rows});\n"
+    omp = "#ifdef _OPENMP\n#include <omp.h>\n#endif\n"
+    body = (f"    const int64_t rows = {rows};\n"
+            "#ifdef _OPENMP\n"
+            f"    if ({parallel_if}) {{\n"
+            "        #pragma omp parallel\n"
+            "        {\n"
+            "            const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();\n"
+            f"            {entry}_rows(t, sym, rows * id / nt, rows * (id + 1) / nt);\n"
+            "        }\n"
+            "        return 0;\n"
+            "    }\n"
+            "#endif\n"
+            f"    {entry}_rows(t, sym, 0, rows);\n")
+    return omp + fn, body
+

@@ -20,15 +20,17 @@ or LayerNormalization are fused into that kernel instead (``Lowering.take_epilog
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable, Sequence
 
 import attrs
 import numpy as np
 
-from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
+from engine_onnx.codegen import KernelSpec, ctype, parallel_rows, source_with_entries
 from engine_onnx.dims import Dim, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
+from engine_onnx.vecmath import math_preamble
 
 __all__ = ["unary_expression", "broadcast_shape", "emit_elementwise", "lit", "loop_nest", "Group", "Step",
            "FUSIBLE"]
@@ -50,12 +52,14 @@ def _float_only(op: str, dtype: np.dtype) -> None:
         raise NodeUnsupported(f"{op} on {np.dtype(dtype).name} is not supported (float types only)")
 
 
-def unary_expression(ctx, node, dtype: np.dtype, *, vector_erf: bool = False) -> Callable[[str], str] | None:
+def unary_expression(ctx, node, dtype: np.dtype, *, vector_math: bool = False) -> Callable[[str], str] | None:
     """The C expression of a unary elementwise node (a function of the operand's expression), or
     None when ``node`` is not a unary elementwise op. Raises ``NodeUnsupported`` for bad attributes.
-    ``vector_erf``: float32/float16 ``erf`` calls ``ERF_F32`` (for kernels written by ``group_source``,
-    which defines it), else the C library's."""
-    erf = "eng_erff" if vector_erf and np.dtype(dtype).name in ("float32", "float16") else "erf"
+    ``vector_math``: float32/float16 ``erf`` and ``exp`` (Exp, Sigmoid, GELU) call the vectorisable
+    ``vecmath`` functions (for kernels written by ``group_source``, which defines them), else the C
+    library's."""
+    single = vector_math and np.dtype(dtype).name in ("float32", "float16")
+    erf, exp = ("eng_erff", "eng_expf") if single else ("erf", "exp")
     op = node.op_type
     a = ctx.attr
     L = lambda v: lit(v, dtype)  # noqa: E731
@@ -89,9 +93,9 @@ def unary_expression(ctx, node, dtype: np.dtype, *, vector_erf: bool = False) ->
     if op == "Not":
         return lambda x: f"(!({x}))"
     floats: dict[str, Callable[[str], str]] = {
-        "Sigmoid": lambda x: f"({L(1)} / ({L(1)} + exp(-({x}))))",
+        "Sigmoid": lambda x: f"({L(1)} / ({L(1)} + {exp}(-({x}))))",
         "Tanh": lambda x: f"tanh({x})",
-        "Exp": lambda x: f"exp({x})",
+        "Exp": lambda x: f"{exp}({x})",
         "Log": lambda x: f"log({x})",
         "Sqrt": lambda x: f"sqrt({x})",
         "Erf": lambda x: f"{erf}({x})",
@@ -241,49 +245,13 @@ def _same_elements(shape: Sequence[Dim], out_shape: Sequence[Dim]) -> bool:
     return pad >= 0 and all(d == 1 for d in out_shape[:pad]) and list(shape) == list(out_shape[pad:])
 
 
-#: GCC turns a ``?:`` whose value feeds more arithmetic (a Relu, Clip or Where in the middle of a
-#: group) into a branch, which cannot be vectorised and mispredicts on signed data, unless it may
-#: assume that floating-point comparisons do not trap. Nothing here reads the floating-point
-#: exception flags, and results are unchanged: no reassociation, NaN and signed zeros kept.
-NO_TRAPS = '#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC optimize("no-trapping-math")\n#endif\n'
-
-
-# erf in float32 without a branch or a library call, so that a loop computing it vectorises (the C
-# library's erff is scalar): |x| < 0.92: x * P(x^2); 0.92 <= |x| < 2 and 2 <= |x| < 3.92: 1 - Q(u)
-# with u the position in the interval scaled to [-1, 1]; beyond, 1. Chebyshev fits of erf(x)/x and
-# erfc(x) (degrees 6, 10, 10); evaluated in float32 within 1.4e-7 of erf everywhere (about two
-# units in the last place near 1; tests/test_onnx_fusion.py checks it on a dense grid). NaN stays
-# NaN (it fails every comparison and falls to the first polynomial).
-_ERF_SMALL = (1.128379225730896, -0.37612634897232056, 0.11283702403306961, -0.026859745383262634,
-              0.005201837979257107, -0.0008151342626661062, 8.40485081425868e-05)
-_ERFC_MID = (1.46, 0.54, (0.0389464907348156, -0.07229473441839218, 0.05699717253446579, -0.022930730134248734,
-                          0.0034991567954421043, 0.0009028537897393107, -0.0005093258805572987,
-                          5.120756395626813e-05, 2.1678528355550952e-05, -5.865365892532282e-06,
-                          -1.6529268975773448e-07))
-_ERFC_HIGH = (2.96, 0.96, (2.8382704840623774e-05, -0.00016960092762019485, 0.00048211286775767803,
-                           -0.0008626913768239319, 0.0010758958524093032, -0.0009761981200426817,
-                           0.00066648970823735, -0.0003454822872299701, 0.00010334001126466319,
-                           1.511374648544006e-05, -1.733851786411833e-05))
-
-
-def _horner(coefs: Sequence[float], var: str) -> str:
-    text = f"{coefs[-1]!r}f"
-    for c in coefs[-2::-1]:
-        text = f"({c!r}f + {var} * {text})"
-    return text
-
-
-ERF_F32 = f"""static inline float eng_erff(float x) {{
-    const float t = __builtin_fabsf(x), s = t * t;
-    const float small = t * {_horner(_ERF_SMALL, "s")};
-    const float u1 = (t - {_ERFC_MID[0]!r}f) * {1 / _ERFC_MID[1]!r}f;
-    const float mid = 1.0f - {_horner(_ERFC_MID[2], "u1")};
-    const float u2 = (t - {_ERFC_HIGH[0]!r}f) * {1 / _ERFC_HIGH[1]!r}f;
-    const float high = 1.0f - {_horner(_ERFC_HIGH[2], "u2")};
-    const float r = t >= 3.92f ? 1.0f : (t >= 2.0f ? high : (t >= 0.92f ? mid : small));
-    return __builtin_copysignf(r, x);
-}}
-"""
+#: Elements of plain arithmetic (a load, an add, a store) worth a second thread: below it the
+#: OpenMP fork and join cost more than they save. A group's own threshold divides this by its cost
+#: per element, where each call to a function (erf, exp, tanh…) counts ``TRANSCENDENTAL_COST``.
+PARALLEL_WORK = 32768
+TRANSCENDENTAL_COST = 8
+_TRANSCENDENTAL = re.compile(r"\b(?:eng_erff|eng_expf|exp|expm1|log|log1p|tanh|pow|sqrt|erf|sin|cos|tan|asin|"
+                             r"acos|atan|sinh|cosh|asinh|acosh|atanh|round|nearbyint)\(")
 
 
 def group_source(group: Group, leaf_shapes: Sequence[Sequence[Dim]], leaf_types: Sequence[str],
@@ -303,10 +271,9 @@ def group_source(group: Group, leaf_shapes: Sequence[Sequence[Dim]], leaf_types:
     if not sizes:
         sizes, strides = [1], [[0] for _ in leaf_shapes]
     idx = [f"i{k}" for k in range(len(sizes))]
-    body = "" if isinstance(total, int) and total < (1 << 18) else (
-        f"    #pragma omp parallel for if({dim_c(total)} >= 262144)\n")
-    for k, size in enumerate(sizes):
-        body += "    " * (k + 1) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {dim_c(size)}; {idx[k]}++)\n"
+    loops = f"        const int64_t {idx[0]} = r;\n"
+    for k, size in enumerate(sizes[1:], start=1):
+        loops += "    " * (k + 1) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {dim_c(size)}; {idx[k]}++)\n"
     ostr: list[Dim] = []
     run: Dim = 1
     for size in reversed(sizes):
@@ -334,9 +301,12 @@ def group_source(group: Group, leaf_shapes: Sequence[Sequence[Dim]], leaf_types:
             held, init = _held(step.dtype, value)
             stmts.append(f"const {held} v{k} = {init};")
             step_values.append(f"v{k}")
-    body += pad[:-4] + "{\n" + "".join(f"{pad}{s}\n" for s in stmts) + pad[:-4] + "}\n"
-    preamble = NO_TRAPS + (ERF_F32 if "eng_erff(" in body else "")
-    return source_with_entries(preamble, [("elementwise", "\n".join(lines) + "\n" + body)], symbols)
+    row_body = loops + pad[:-4] + "{\n" + "".join(f"{pad}{s}\n" for s in stmts) + pad[:-4] + "}\n"
+    threshold = PARALLEL_WORK // (1 + TRANSCENDENTAL_COST * len(_TRANSCENDENTAL.findall(row_body)))
+    parallel_if = None if isinstance(total, int) and total < threshold else f"{dim_c(total)} >= {threshold}"
+    fn, body = parallel_rows("elementwise", symbols, "".join(f"{line}\n" for line in lines), dim_c(sizes[0]),
+                             row_body, parallel_if)
+    return source_with_entries(math_preamble(row_body) + fn, [("elementwise", body)], symbols)
 
 
 def _extend(ctx, op: str, inputs: Sequence[str], out_shape: Sequence[Dim], out_dtype: np.dtype,
@@ -406,7 +376,7 @@ def emit_elementwise(ctx, node, inputs: Sequence[str], out_dtype: np.dtype, expr
 @register(*UNARY)
 def _unary(ctx, node) -> None:
     dtype = ctx.dtype(node.input[0])
-    fn = unary_expression(ctx, node, dtype, vector_erf=True)
+    fn = unary_expression(ctx, node, dtype, vector_math=True)
     if fn is None:
         raise NodeUnsupported("Clip bounds must be constants")
     out_dtype = np.dtype(bool) if node.op_type == "Not" else dtype

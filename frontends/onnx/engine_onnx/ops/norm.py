@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine_onnx.codegen import KernelSpec, source_with_entries
+from engine_onnx.codegen import KernelSpec, parallel_rows, source_with_entries
 from engine_onnx.dims import Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
-from engine_onnx.ops.elementwise import emit_elementwise
+from engine_onnx.ops.elementwise import PARALLEL_WORK, TRANSCENDENTAL_COST, emit_elementwise
+from engine_onnx.vecmath import math_preamble
 
 F32 = np.dtype("float32")
+#: Softmax elements worth a second thread: an exponential each, so the elementwise threshold for one
+#: transcendental call per element.
+SOFTMAX_PARALLEL = PARALLEL_WORK // (1 + TRANSCENDENTAL_COST)
 
 
 def _f32(ctx, node, *names):
@@ -136,23 +140,50 @@ def _softmax(ctx, node) -> None:
         axis = int(ctx.attr(node, "axis", -1)) % len(xs)
         outer, dim, inner = dims_product(xs[:axis]), xs[axis], dims_product(xs[axis + 1:])
     log = node.op_type == "LogSoftmax"
-    fin = "y[j * I] = x[j * I] - m - logf(s);" if log else "y[j * I] *= inv;"
-    body = f"""    const float *X = (const float *)t[0]; float *Y = (float *)t[1];
-    const int64_t D = {dim_c(dim)}, I = {dim_c(inner)};
-    #pragma omp parallel for schedule(static) if ({dim_c(outer)} * D * I > 65536)
-    for (int64_t q = 0; q < {dim_c(outer)} * I; q++) {{
-        const int64_t o = q / I, in = q % I;
+    decls = "    const float *X = (const float *)t[0]; float *Y = (float *)t[1];\n"
+    if inner == 1:
+        # A contiguous row (the usual last axis): maximum and sum in eight lanes, the exponentials
+        # in a loop of their own, all vectorised; the sum is then in a different order than a
+        # left-to-right one (within rounding).
+        fin = ("const float ls = logf(s);\n        for (int64_t j = 0; j < D; j++) y[j] = (x[j] - m) - ls;" if log
+               else "const float inv = 1.0f / s;\n        for (int64_t j = 0; j < D; j++) y[j] *= inv;")
+        row = f"""        const int64_t D = {dim_c(dim)};
+        const float *x = X + r * D; float *y = Y + r * D;
+        float lane[8] = {{-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY}};
+        int64_t j = 0;
+        for (; j + 8 <= D; j += 8)
+            for (int k = 0; k < 8; k++) lane[k] = x[j + k] > lane[k] ? x[j + k] : lane[k];
+        float m = -INFINITY;
+        for (int k = 0; k < 8; k++) m = lane[k] > m ? lane[k] : m;
+        for (; j < D; j++) m = x[j] > m ? x[j] : m;
+        for (j = 0; j < D; j++) y[j] = eng_expf(x[j] - m);
+        for (int k = 0; k < 8; k++) lane[k] = 0.0f;
+        for (j = 0; j + 8 <= D; j += 8)
+            for (int k = 0; k < 8; k++) lane[k] += y[j + k];
+        float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        for (; j < D; j++) s += y[j];
+        {fin}
+"""
+        rows = dim_c(outer)
+    else:
+        fin = "y[j * I] = x[j * I] - m - logf(s);" if log else "y[j * I] *= inv;"
+        row = f"""        const int64_t D = {dim_c(dim)}, I = {dim_c(inner)};
+        const int64_t o = r / I, in = r % I;
         const float *x = X + o * D * I + in; float *y = Y + o * D * I + in;
         float m = -INFINITY;
         for (int64_t j = 0; j < D; j++) m = x[j * I] > m ? x[j * I] : m;
         float s = 0.0f;
-        for (int64_t j = 0; j < D; j++) {{ const float e = expf(x[j * I] - m); {"" if log else "y[j * I] = e; "}s += e; }}
+        for (int64_t j = 0; j < D; j++) {{ const float e = eng_expf(x[j * I] - m); {"" if log else "y[j * I] = e; "}s += e; }}
         const float inv = 1.0f / s; (void)inv;
         for (int64_t j = 0; j < D; j++) {fin}
-    }}
 """
+        rows = dim_c(outer * inner)
     syms = tuple(symbols_of(xs))
-    ctx.emit(KernelSpec(node.op_type.lower(), source_with_entries("", [("softmax", body)], syms), ("softmax",), syms),
+    total = dims_product(xs)
+    parallel_if = None if isinstance(total, int) and total < SOFTMAX_PARALLEL else f"{dim_c(total)} >= {SOFTMAX_PARALLEL}"
+    fn, body = parallel_rows("softmax", syms, decls, rows, row, parallel_if)
+    ctx.emit(KernelSpec(node.op_type.lower(), source_with_entries(math_preamble(row) + fn, [("softmax", body)], syms),
+                        ("softmax",), syms),
              [node.input[0]], [(node.output[0], F32, xs)])
 
 
