@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["NO_TRAPS", "ERF_F32", "EXP_F32", "math_preamble"]
+__all__ = ["NO_TRAPS", "ERF_F32", "EXP_F32", "SUM_F32", "math_preamble"]
 
 #: GCC turns a ``?:`` whose value feeds more arithmetic (a Relu, Clip or Where in the middle of a
 #: group) into a branch, which cannot be vectorised and mispredicts on signed data, unless it may
@@ -81,6 +81,31 @@ static inline float eng_expf(float x) {
 """
 
 
+# Sums of a contiguous row in eight lanes (a left-to-right float sum cannot be vectorised without
+# reassociating it; this is the reassociation, written out, so results do not depend on flags):
+# ``eng_sumf`` of the values, ``eng_sqdevf`` of their squared distances from ``c``.
+SUM_F32 = """static inline float eng_sumf(const float *x, int64_t n) {
+    float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) lane[k] += x[j + k];
+    float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (; j < n; j++) s += x[j];
+    return s;
+}
+static inline float eng_sqdevf(const float *x, int64_t n, float c) {
+    float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) { const float d = x[j + k] - c; lane[k] += d * d; }
+    float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (; j < n; j++) { const float d = x[j] - c; s += d * d; }
+    return s;
+}
+"""
+
+
 def math_preamble(body: str) -> str:
     """``NO_TRAPS`` and the definitions of the functions ``body`` calls."""
-    return NO_TRAPS + (ERF_F32 if "eng_erff(" in body else "") + (EXP_F32 if "eng_expf(" in body else "")
+    return (NO_TRAPS + (ERF_F32 if "eng_erff(" in body else "") + (EXP_F32 if "eng_expf(" in body else "")
+            + (SUM_F32 if "eng_sumf(" in body or "eng_sqdevf(" in body else ""))

@@ -157,11 +157,7 @@ def _softmax(ctx, node) -> None:
         for (int k = 0; k < 8; k++) m = lane[k] > m ? lane[k] : m;
         for (; j < D; j++) m = x[j] > m ? x[j] : m;
         for (j = 0; j < D; j++) y[j] = eng_expf(x[j] - m);
-        for (int k = 0; k < 8; k++) lane[k] = 0.0f;
-        for (j = 0; j + 8 <= D; j += 8)
-            for (int k = 0; k < 8; k++) lane[k] += y[j + k];
-        float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-        for (; j < D; j++) s += y[j];
+        const float s = eng_sumf(y, D);
         {fin}
 """
         rows = dim_c(outer)
@@ -213,26 +209,26 @@ def _layernorm(ctx, node) -> None:
     slots = [out_slot + 1 + sum(1 for p in stats[:i] if p) if name else None for i, name in enumerate(stats)]
     keep_stats = "".join(f"        {arr}[o] = {val};\n" for arr, val, slot in (("Mo", "mean", slots[0]),
                                                                                 ("Ro", "inv", slots[1])) if slot)
-    body = f"""    const float *X = (const float *)t[0], *S = (const float *)t[1];
-    {"const float *Bb = (const float *)t[2];" if bias else ""}
-    float *Y = (float *)t[{out_slot}];
-    {f"float *Mo = (float *)t[{slots[0]}];" if slots[0] else ""}
-    {f"float *Ro = (float *)t[{slots[1]}];" if slots[1] else ""}
-    #pragma omp parallel for schedule(static) if ({dim_c(outer)} * {d} > 65536)
-    for (int64_t o = 0; o < {dim_c(outer)}; o++) {{
+    decls = (f"    const float *X = (const float *)t[0], *S = (const float *)t[1];\n"
+             + (f"    const float *Bb = (const float *)t[2];\n" if bias else "")
+             + f"    float *Y = (float *)t[{out_slot}];\n"
+             + (f"    float *Mo = (float *)t[{slots[0]}];\n" if slots[0] else "")
+             + (f"    float *Ro = (float *)t[{slots[1]}];\n" if slots[1] else ""))
+    row = f"""        const int64_t o = r;
         const float *x = X + o * {d}; float *y = Y + o * {d};
-        float mean = 0.0f; for (int64_t j = 0; j < {d}; j++) mean += x[j];
-        mean /= (float){d};
-        float var = 0.0f; for (int64_t j = 0; j < {d}; j++) {{ const float c = x[j] - mean; var += c * c; }}
-        var /= (float){d};
+        const float mean = eng_sumf(x, {d}) / (float){d};
+        const float var = eng_sqdevf(x, {d}, mean) / (float){d};
         const float inv = 1.0f / sqrtf(var + {eps!r}f);
         for (int64_t j = 0; j < {d}; j++) y[j] = {ep(f"(x[j] - mean) * inv * S[j]{bias_expr}")};
-{keep_stats}    }}
-"""
+{keep_stats}"""
     syms = tuple(symbols_of(xs))
+    total = dims_product(xs)
+    parallel_if = None if isinstance(total, int) and total < PARALLEL_WORK else f"{dim_c(total)} >= {PARALLEL_WORK}"
+    fn, body = parallel_rows("layernorm", syms, decls, dim_c(outer), row, parallel_if)
     stat_shape = xs[:axis] + [1] * (len(xs) - axis)
     outs = [(final, F32, xs)] + [(name, F32, stat_shape) for name in stats if name]
-    ctx.emit(KernelSpec("layernorm", source_with_entries("", [("layernorm", body)], syms), ("layernorm",), syms),
+    ctx.emit(KernelSpec("layernorm", source_with_entries(math_preamble(row) + fn, [("layernorm", body)], syms),
+                        ("layernorm",), syms),
              names, outs)
 
 
