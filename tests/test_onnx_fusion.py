@@ -334,3 +334,22 @@ def test_softmax_rows_match_onnxruntime(shape, axis, op):
     assert np.array_equal(masked, np.isinf(actual)) and np.array_equal(expected[masked], actual[masked])
     scale = float(np.abs(expected[~masked]).max())
     np.testing.assert_allclose(actual[~masked], expected[~masked], rtol=1e-5, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("bias_shape, fused", [((24,), True), ((1, 1, 24), True), ((2, 1, 1, 24), False),
+                                               ((7, 24), False)])
+def test_a_matmul_bias_add_along_the_last_axis_runs_in_the_matmul(bias_shape, fused):
+    # torch's Linear on a [batch, seq, d] input exports MatMul then Add(bias [n]): one kernel, the
+    # Relu after it too. A bias that broadcasts the output to more axes, or varies along rows, is
+    # a kernel of its own; all of them give ONNX Runtime's values.
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    out_shape = [2, 7, 24] if len(bias_shape) < 4 else [2, 2, 7, 24]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F32, [2, 7, 16])],
+                   [helper.make_tensor_value_info("y", F32, out_shape)],
+                   [_const("w", rng.standard_normal((16, 24)).astype(np.float32)),
+                    _const("b", rng.standard_normal(bias_shape).astype(np.float32))])
+    graph = _build(model)
+    assert (len(_kernels(graph)) == 1) == fused, _kernels(graph)
+    _assert_matches_ort(graph, model, {"x": rng.standard_normal((2, 7, 16)).astype(np.float32)})

@@ -343,6 +343,23 @@ class Lowering:
         self._fused.add(id(add))
         return other, add.output[0]
 
+    def take_bias_add(self, name: str, n: Dim, rank: int) -> tuple[np.ndarray, str] | None:
+        """A constant float32 ``Add`` along the last axis (``[n]``, or ``[1, …, 1, n]`` of at most
+        ``rank`` axes) that is ``name``'s only consumer, fused into the kernel producing ``name`` (a
+        MatMul's bias, as torch exports ``Linear``): returns (the bias as ``[n]``, the Add's
+        output), or None."""
+        add = self.sole_consumer(name)
+        if add is None or add.op_type != "Add" or len(add.input) != 2 or add.input[0] == add.input[1]:
+            return None
+        other = add.input[1] if add.input[0] == name else add.input[0]
+        bias = self.const(other)
+        if bias is None or bias.dtype != np.float32 or not isinstance(n, int) or bias.ndim > rank or bias.ndim == 0:
+            return None
+        if bias.shape[-1] != n or bias.size != n:
+            return None
+        self._fused.add(id(add))
+        return bias.reshape(n), add.output[0]
+
     def next_id(self) -> int:
         self._counter += 1
         return self._counter

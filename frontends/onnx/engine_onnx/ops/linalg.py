@@ -2,7 +2,8 @@
 (see ``gemm_c``), so the runtime's tuner picks per shape. A constant Gemm weight used transposed
 (``transB=1``, what every classifier head exports) is transposed once at import, so every
 candidate reads ``B`` as ``[K, N]``. Bias, ``alpha``/``beta`` and a following activation are
-applied in one pass after the product, inside the same kernel.
+applied in one pass after the product, inside the same kernel; so is a MatMul's constant bias
+``Add`` along the last axis (torch's ``Linear``: ``MatMul`` then ``Add``).
 """
 
 from __future__ import annotations
@@ -99,14 +100,16 @@ def _matmul(ctx, node) -> None:
     if k != k2:
         raise NodeUnsupported(f"inner dimensions {k} and {k2} differ")
     batch = list(broadcast_shape([a2[:-2], b2[:-2]])) if len(a2) > 2 or len(b2) > 2 else []
-    ep, final = ctx.take_epilogue(node, F32)
     out_full = batch + [m, n]
     out = list(batch) + ([m] if len(sa) > 1 else []) + ([n] if len(sb) > 1 else [])
-    epi = _epilogue_loop(dims_product(batch) * m, n, "Y", 1.0, None, [], ep)
-    source, own = matmul_source(batch, a2[:-2], b2[:-2], m, k, n, epi, False)
+    bias = ctx.take_bias_add(node.output[0], n, len(out)) if len(sb) > 1 else None
+    ep, final = ctx.take_epilogue(node, F32, bias[1] if bias else None)
+    epi = _epilogue_loop(dims_product(batch) * m, n, "Y", 1.0, "bias" if bias else None, [0, 1], ep)
+    source, own = matmul_source(batch, a2[:-2], b2[:-2], m, k, n, epi, bias is not None)
     spec = KernelSpec("matmul", source, tuple(f"mm_{e}" for e, _ in GEMM_CANDIDATES),
                       tuple(symbols_of([*out_full, k])), entry_sources=own)
-    ctx.emit(spec, [a, b], [(final, F32, out)])
+    inputs = [a, b] + ([ctx.add_weight(np.ascontiguousarray(bias[0]), node.output[0] + ".bias")] if bias else [])
+    ctx.emit(spec, inputs, [(final, F32, out)])
 
 
 @register("Gemm")
