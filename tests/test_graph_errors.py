@@ -306,3 +306,14 @@ def test_an_entry_with_code_of_its_own_runs_from_its_own_binary(tmp_path, regist
     xs3 = np.ones((3, 4), np.float32)
     graph.dispatch_table.record((3,), (1,))
     np.testing.assert_array_equal(graph.run_async([xs3])[0].numpy(), 2 * (xs3 + xs3))
+    # A row recorded for a key that has already run replaces the choice its prepared run was built
+    # with: the next run (fast path included) uses the new candidate.
+    graph.dispatch_table.record((2,), (1,))
+    for _ in range(2):
+        np.testing.assert_array_equal(graph.run_async([xs])[0].numpy(), 2 * (xs + xs))
+    # Under the "first" policy a key without a row runs candidate 0; a row recorded later wins.
+    graph.dispatch_policy = "first"
+    xs5 = np.ones((5, 4), np.float32)
+    np.testing.assert_array_equal(graph.run_async([xs5])[0].numpy(), xs5 + xs5)
+    graph.dispatch_table.record((5,), (1,))
+    np.testing.assert_array_equal(graph.run_async([xs5])[0].numpy(), 2 * (xs5 + xs5))

@@ -10,7 +10,7 @@ without a row gets; the graph applies them (``CompiledGraph._choice_for``).
 from __future__ import annotations
 
 import threading
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from engine.bundle.dispatch_text import format_dispatch_table
 from engine.errors import InputError
@@ -29,8 +29,13 @@ class DispatchTable(Mapping[Key, Choice]):
     """Tuned rows (persisted) plus per-policy choices (not persisted: they were not measured)."""
 
     def __init__(self, symbols: Sequence[str], candidates_per_task: Sequence[int],
-                 rows: Mapping[Key, Choice] | None = None, policy: str = "tune"):
+                 rows: Mapping[Key, Choice] | None = None, policy: str = "tune",
+                 on_change: Callable[[], None] | None = None):
         self.symbols = tuple(symbols)
+        #: Called when ``record`` changes the choice a run at that key may already have been
+        #: prepared with (a row replaced by another, or any new row under a policy other than
+        #: ``tune``, whose runs use the policy's choice): the runtime then rebuilds its prepared runs.
+        self._on_change = on_change
         self.candidates_per_task = tuple(candidates_per_task)
         self._rows: dict[Key, Choice] = dict(rows or {})
         self._sources: dict[Key, str] = dict.fromkeys(self._rows, "bundle")
@@ -80,8 +85,11 @@ class DispatchTable(Mapping[Key, Choice]):
         if source not in SOURCES:
             raise ValueError(f"unknown row source {source!r}; expected one of {', '.join(SOURCES)}")
         with self._lock:
+            before = self._rows.get(key)
             self._rows[key] = choice
             self._sources[key] = source
+        if self._on_change is not None and before != choice and (before is not None or self.policy != "tune"):
+            self._on_change()
 
     def merge(self, rows: Mapping[Key, Choice], *, source: str = "cache") -> list[Key]:
         """Add the rows of keys this table lacks (its own rows win); returns the keys added."""

@@ -59,7 +59,7 @@ class Dispatcher:
         self._symbols = contents.meta.symbols
         self._candidates = tuple(candidates_per_task)
         self.table = DispatchTable(self._symbols, list(self._candidates), contents.dispatch_rows,
-                                   policy=policy or settings.dispatch_policy)
+                                   policy=policy or settings.dispatch_policy, on_change=on_change)
         #: The cache file of this bundle's tuned rows (``None`` when nothing needs tuning or caching is off).
         self.cache: DispatchCache | None = None
         if self.table.needs_tuning and settings.dispatch_cache:
