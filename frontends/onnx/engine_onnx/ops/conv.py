@@ -11,6 +11,12 @@ Candidates per shape, all reading the weight as an ``[OC, CG*KH*KW]`` matrix:
   panel, in one parallel region, bias, residual and activation applied per tile while it is hot;
 * ``conv_depthwise`` (one input channel per output channel: MobileNet's, ShuffleNet's): each plane
   padded and split by stride phase once, then every tap is a contiguous, vectorised row update.
+* ``conv_pointwise`` (a 1x1, stride-1, unpadded Conv with few input channels per group;
+  ``conv_pointwise.py``): 6 output channels x 16 pixels in registers straight from the input rows,
+  written once with the epilogue;
+* ``conv_winograd`` (3x3, stride 1, no dilation, one group, a constant weight, at least 8 input
+  channels; ``conv_winograd.py``): Winograd F(2x2, 3x3), 16 products per 2x2 outputs instead of 36,
+  the weight transformed and packed at import as an extra input.
 
 The tuner measures. A following BatchNormalization with constant statistics is folded into the
 weights and bias at import; a following same-shape ``Add`` (a residual) and activation run in the
@@ -25,7 +31,11 @@ from engine_onnx.codegen import KernelSpec, kernel_sources
 from engine_onnx.dims import Mono, dim_c, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
+from engine_onnx.ops.conv_winograd import (WINOGRAD_HELPERS, winograd_body, winograd_defs, winograd_eligible,
+                                          winograd_weight, winograd_workspace)
 from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE, OWN_BINARY_ROUTINES
+from engine_onnx.ops.conv_pointwise import pointwise_body
+from engine_onnx.ops.phase_plane import MAX_PLANE_FLOATS, PHASE_PLANE, phase_plane_floats
 
 __all__ = ["conv_geometry"]
 
@@ -168,43 +178,73 @@ def _implicit_body(n, head: str, tile_epilogue: str) -> str:
 """
 
 
-def _depthwise_body(n, head: str, epilogue_expr: str) -> str:
-    """One input channel per output channel (``CG == 1``): the plane is copied once, zero-padded and
-    split into ``SW`` phases (column ``j`` of phase ``p`` is padded column ``j*SW + p``), so every tap
-    reads a contiguous run for any stride; taps are unrolled and the row loop vectorises."""
-    return head + f"""    #pragma omp parallel for schedule(static)
-    for (int64_t q = 0; q < {dim_c(n)} * OC; q++) {{
-        float buf[SW * HPAD * WQ] __attribute__((aligned(64)));
-        float acc[OW] __attribute__((aligned(64)));
+_DEPTHWISE = r"""
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+/* Planes q0..q1 (image * OC + output channel), each input plane copied into buf (PP_PLANE floats,
+   zero padding: phase_plane.py) so that every tap of an output vector is one unaligned load; an
+   input plane shared by consecutive output channels (a depth multiplier) is copied once. */
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void dep_planes(int64_t q0, int64_t q1, const float *X, const float *Wt, const float *Bv,
+                       const float *R, float *Y, float *buf) {
+    float accs[2 * PP_NV8] __attribute__((aligned(32)));
+    const float *last = 0;
+    pp_clear(buf, 0.0f);
+    for (int64_t q = q0; q < q1; q++) {
         const int64_t nn = q / OC, oc = q % OC;
         const float *x = X + (nn * C + oc / OCG) * (H * W), *wt = Wt + oc * (KH * KW);
+        if (x != last) pp_fill(x, buf);
+        last = x;
         const float bias = Bv[oc];
         float *y = Y + q * (OH * OW);
         const float *res = R + q * (OH * OW); (void)res;
-        for (int64_t ph = 0; ph < SW; ph++)
-            for (int64_t r = 0; r < HPAD; r++) {{
-                const int64_t ih = r - PT;
-                float *d = buf + (ph * HPAD + r) * WQ;
-                for (int64_t j = 0; j < WQ; j++) {{
-                    const int64_t iw = j * SW + ph - PL;
-                    d[j] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[ih * W + iw] : 0.0f;
-                }}
-            }}
-        for (int64_t oh = 0; oh < OH; oh++) {{
-            for (int64_t ow = 0; ow < OW; ow++) acc[ow] = 0.0f;
-            for (int64_t kh = 0; kh < KH; kh++)
-                for (int64_t kw = 0; kw < KW; kw++) {{
-                    const float wv = wt[kh * KW + kw];
-                    const float *s = buf + (((kw * DW) % SW) * HPAD + oh * SH + kh * DH) * WQ + (kw * DW) / SW;
-                    for (int64_t ow = 0; ow < OW; ow++) acc[ow] += wv * s[ow];
-                }}
-            for (int64_t ow = 0; ow < OW; ow++) {{
-                const int64_t i = oh * OW + ow;
-                y[i] = {epilogue_expr};
-            }}
-        }}
+        /* Two output rows at a time, each tap sum split in two (even and odd taps): four
+           independent FMA chains, so the FMA latency does not bound the loop. */
+        for (int64_t oh0 = 0; oh0 < OH; oh0 += 2) {
+            const int64_t rows = OH - oh0 < 2 ? OH - oh0 : 2;
+            for (int64_t v = 0; v < PP_NV8; v += 8) {
+                pp_v8sf a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0};
+                for (int64_t kh = 0; kh < KH; kh++)
+                    for (int64_t kw = 0; kw < KW; kw++) {
+                        const float wv = wt[kh * KW + kw];
+                        const pp_v8sf x0 = pp_ld8(PP_TAP(buf, oh0, kh, kw) + v);
+                        const pp_v8sf x1 = pp_ld8(PP_TAP(buf, oh0 + rows - 1, kh, kw) + v);
+                        if ((kh * KW + kw) & 1) { a1 += wv * x0; b1 += wv * x1; }
+                        else { a0 += wv * x0; b0 += wv * x1; }
+                    }
+                pp_st8(accs + v, a0 + a1);
+                pp_st8(accs + PP_NV8 + v, b0 + b1);
+            }
+            for (int64_t r = 0; r < rows; r++) {
+                const float *acc = accs + r * PP_NV8;
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    const int64_t i = (oh0 + r) * OW + ow;
+                    y[i] = EPILOGUE;
+                }
+            }
+        }
+    }
+}
+#pragma GCC pop_options
+"""
+
+
+def _depthwise(n, head: str, epilogue_expr: str) -> tuple[str, str]:
+    """One input channel per output channel (``CG == 1``): (preamble, entry body). Each thread takes
+    an even share of the planes and runs them through ``dep_planes`` (AVX2+FMA where the machine has
+    them: ``target_clones``), with its own plane buffer on its stack."""
+    body = head + f"""    const int64_t planes = {dim_c(n)} * OC;
+    #pragma omp parallel if (planes > 1)
+    {{
+        float buf[PP_PLANE] __attribute__((aligned(64)));
+        int64_t nt = 1, ti = 0;
+#ifdef _OPENMP
+        nt = omp_get_num_threads(); ti = omp_get_thread_num();
+#endif
+        dep_planes(planes * ti / nt, planes * (ti + 1) / nt, X, Wt, Bv, R, Y, buf);
     }}
 """
+    return PHASE_PLANE + _DEPTHWISE.replace("EPILOGUE", epilogue_expr), body
 
 
 @register("Conv")
@@ -253,11 +293,12 @@ def _conv(ctx, node) -> None:
     ocg = oc // group
     one_by_one = KH == KW == 1 and strides == [1, 1] and pb == [0, 0] and not any(pe) and dil == [1, 1]
     hpad = (OH - 1) * strides[0] + (KH - 1) * dil[0] + 1
-    wq = -(-((OW - 1) * strides[1] + (KW - 1) * dil[1] + 1) // strides[1])
     defs = _conv_defs(C=c, H=H, W=W, OC=oc, CG=cg, OCG=ocg, KH=KH, KW=KW, SH=strides[0], SW=strides[1],
                       PT=pb[0], PL=pb[1], DH=dil[0], DW=dil[1], OH=OH, OW=OW, KC=kc, GROUPS=group,
-                      ONE_BY_ONE=int(one_by_one), HPAD=hpad, WQ=wq)
-    out_slot = 4 if residual else 3
+                      ONE_BY_ONE=int(one_by_one), HPAD=hpad)
+    # The Winograd weight, when offered, is the last input (after the residual), before the output.
+    winograd = winograd_eligible([KH, KW], strides, dil, group, c, w is not None)
+    out_slot = 3 + bool(residual) + winograd
     head = ("    const float *X = (const float *)t[0], *Wt = (const float *)t[1], *Bv = (const float *)t[2];\n"
             f"    const float *R = (const float *){'t[3]' if residual else 'X'}; (void)R;\n"
             f"    float *Y = (float *)t[{out_slot}];\n")
@@ -332,14 +373,29 @@ def _conv(ctx, node) -> None:
 """))
     bodies.append(("conv_implicit", _implicit_body(n, head, ep(f"(y[i] + bias{res_term})"))))
     # A depthwise plane buffer lives on the thread's stack: only for planes of moderate size.
-    if cg == 1 and strides[1] * hpad * wq <= 64 * 1024:
-        bodies.append(("conv_depthwise", _depthwise_body(n, head, ep(f"(acc[ow] + bias{res_term})"))))
+    depthwise = ""
+    if cg == 1 and phase_plane_floats(int(OW), int(KW), strides[1], dil[1], hpad) <= MAX_PLANE_FLOATS:
+        depthwise, dw_body = _depthwise(n, head, ep(f"(acc[ow] + bias{res_term})"))
+        bodies.append(("conv_depthwise", dw_body))
+    workspace = 0 if one_by_one else kc * OH * OW * 4
+    extra_inputs = []
+    if winograd:  # appended last: the other candidates' indices must not move
+        bodies.append(("conv_winograd", winograd_body(dim_c(n), head, 3 + bool(residual),
+                                                     lambda v: ep(f"({v} + bias{res_term})"))))
+        defs += winograd_defs(c, oc, OH, OW) + WINOGRAD_HELPERS
+        workspace = max(workspace, winograd_workspace(c, OH, OW))
+        extra_inputs.append(ctx.add_weight(winograd_weight(w), wn + ".winograd"))
+    pointwise = ""
+    # Few input channels per group (MobileNet's, ShuffleNet's 1x1s): where packing costs what it saves.
+    if one_by_one and cg <= 64:  # appended last too (a 1x1 Conv never has conv_winograd): no index moves
+        pointwise, pw_body = pointwise_body(n, head, lambda v: ep(f"({v} + bias{res_term})"))
+        bodies.append(("conv_pointwise", pw_body))
     syms = tuple(symbols_of([n]))
-    source, own = kernel_sources(GEMM_PREAMBLE + defs + _IMPLICIT_PACK, bodies, syms, OWN_BINARY_ROUTINES)
+    source, own = kernel_sources(GEMM_PREAMBLE + defs + _IMPLICIT_PACK + depthwise + pointwise, bodies, syms,
+                                 OWN_BINARY_ROUTINES)
     # A run-time weight [OC, CG, KH, KW] is already the [OC, CG*KH*KW] matrix every candidate reads.
     wname = wn if w is None else ctx.add_weight(np.ascontiguousarray(w.reshape(oc, -1), dtype=np.float32), wn)
     bname = bn_in if b is None else ctx.add_weight(np.ascontiguousarray(b, dtype=np.float32), bn_in or wn + ".bias")
     out_shape = [n, oc] + ([OW] if len(xs) == 3 else [OH, OW])
-    spec = KernelSpec("conv", source, tuple(e for e, _ in bodies), syms, 0 if one_by_one else kc * OH * OW * 4,
-                      entry_sources=own)
-    ctx.emit(spec, [x, wname, bname] + ([residual[0]] if residual else []), [(final, F32, out_shape)])
+    spec = KernelSpec("conv", source, tuple(e for e, _ in bodies), syms, workspace, entry_sources=own)
+    ctx.emit(spec, [x, wname, bname] + ([residual[0]] if residual else []) + extra_inputs, [(final, F32, out_shape)])

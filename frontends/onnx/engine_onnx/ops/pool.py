@@ -1,8 +1,14 @@
 """Pooling: MaxPool, AveragePool (pads, ceil_mode, count_include_pad, dilations for MaxPool),
-GlobalAveragePool, GlobalMaxPool; 1-D and 2-D, float32. One kernel per shape; planes run in
-parallel. Maxima are taken branch-free (``m = v > m ? v : m``, one ``maxss``): a NaN input is
-skipped rather than propagated, and the compare-or-NaN form it replaces was two orders of
-magnitude slower on random data (mispredicted branches)."""
+GlobalAveragePool, GlobalMaxPool; 1-D and 2-D, float32. One kernel per shape. MaxPool and
+AveragePool: each thread takes an even share of the planes and copies each into the padded,
+stride-phase-split buffer the depthwise Conv reads (``phase_plane.py``; padding -inf or 0, the identity of the
+reduction), so every tap of an output row is one contiguous run and the row vectorises with no
+border case; an average divides by its window's count, the product of a row count and a column
+count (both clipped to the input, or to the padded extent with ``count_include_pad``). A plane
+whose buffer would not fit a thread's stack is pooled one window at a time.
+Maxima are taken branch-free (``m = v > m ? v : m``, one ``maxps``): a NaN input is skipped rather
+than propagated, and the compare-or-NaN form it replaces was two orders of magnitude slower on
+random data (mispredicted branches)."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from engine_onnx.dims import Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
 from engine_onnx.ops.conv import conv_geometry
+from engine_onnx.ops.phase_plane import MAX_PLANE_FLOATS, PHASE_PLANE, phase_plane_floats
 
 F32 = np.dtype("float32")
 
@@ -27,6 +34,98 @@ def _check(ctx, node):
     if any(isinstance(d, Mono) for d in xs[2:]):
         raise NodeUnsupported("dynamic spatial dimensions")
     return xs
+
+
+_WINDOWS = r"""
+#pragma GCC push_options
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+/* Planes p0..p1, each copied into buf (PP_PLANE floats, padding PV: phase_plane.py), so that every
+   tap of an output row is a contiguous run; ow outermost, taps unrolled, so the row vectorises.
+   An average's count is the product of the window's row count (ch) and column count (cw[ow]); a
+   window with no element counts 1 (its sum is 0). */
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void pool_planes(int64_t p0, int64_t p1, const float *X, float *Y, float *buf) {
+    float acc[PP_NV8] __attribute__((aligned(32))), cw[PP_NV8];
+    pp_clear(buf, PV);
+    for (int64_t ow = 0; ow < PP_NV8; ow++) {
+        const int64_t w0 = ow * SW - PL, w1 = w0 + KW;
+        const int64_t lo = INCLUDE_PAD ? w0 : (w0 > 0 ? w0 : 0);
+        const int64_t hi = INCLUDE_PAD ? (w1 < WE ? w1 : WE) : (w1 < W ? w1 : W);
+        cw[ow] = hi > lo ? (float)(hi - lo) : 1.0f;
+    }
+    for (int64_t p = p0; p < p1; p++) {
+        const float *x = X + p * (H * W);
+        float *y = Y + p * (OH * OW);
+        pp_fill(x, buf);
+        for (int64_t oh = 0; oh < OH; oh++) {
+            for (int64_t ow = 0; ow < PP_NV8; ow++) {
+                float m = PP_TAP(buf, oh, 0, 0)[ow];
+                for (int64_t kh = 0; kh < KH; kh++)
+                    for (int64_t kw = 0; kw < KW; kw++)
+                        if (kh || kw) m = COMBINE(m, PP_TAP(buf, oh, kh, kw)[ow]);
+                acc[ow] = m;
+            }
+            const int64_t h0 = oh * SH - PT;
+            const int64_t hlo = INCLUDE_PAD ? h0 : (h0 > 0 ? h0 : 0);
+            const int64_t hhi = INCLUDE_PAD ? (h0 + KH < HE ? h0 + KH : HE) : (h0 + KH < H ? h0 + KH : H);
+            const float ch = hhi > hlo ? (float)(hhi - hlo) : 1.0f; (void)ch;
+            float *yr = y + oh * OW;
+            for (int64_t ow = 0; ow < OW; ow++) yr[ow] = EPILOGUE;
+        }
+    }
+}
+#pragma GCC pop_options
+"""
+
+
+def _windows(is_max: bool, geometry: dict, epilogue: str) -> str:
+    """The preamble of the pooling kernel: the geometry's defines, the plane buffer's helpers and
+    ``pool_planes`` (AVX2 where the machine has it: ``target_clones``)."""
+    combine = "((b) > (a) ? (b) : (a))" if is_max else "((a) + (b))"
+    defs = "".join(f"#define {k} {v}\n" for k, v in geometry.items())
+    return ("#ifdef _OPENMP\n#include <omp.h>\n#endif\n" + defs
+            + f"#define PV {'(-INFINITY)' if is_max else '0.0f'}\n#define COMBINE(a, b) {combine}\n"
+            + PHASE_PLANE + _WINDOWS.replace("EPILOGUE", epilogue))
+
+
+def _per_window_body(is_max: bool, g: dict, planes, ep) -> str:
+    """One output element at a time (a plane too large for the plane buffer)."""
+    H, W, KH, KW, DH, DW = g["H"], g["W"], g["KH"], g["KW"], g["DH"], g["DW"]
+    if is_max:
+        inner = f"""                float m = -INFINITY;
+                for (int64_t kh = 0; kh < {KH}; kh++) {{
+                    const int64_t ih = h0 + kh * {DH}; if (ih < 0 || ih >= {H}) continue;
+                    for (int64_t kw = 0; kw < {KW}; kw++) {{
+                        const int64_t iw = w0 + kw * {DW}; if (iw < 0 || iw >= {W}) continue;
+                        const float v = x[ih * {W} + iw]; m = v > m ? v : m;
+                    }}
+                }}
+                y[oh * {g["OW"]} + ow] = {ep("m")};
+"""
+    else:
+        inner = f"""                int64_t h1 = h0 + {KH}, w1 = w0 + {KW};
+                if (h1 > {g["HE"]}) h1 = {g["HE"]};
+                if (w1 > {g["WE"]}) w1 = {g["WE"]};
+                const int64_t padded = (h1 - h0) * (w1 - w0);
+                const int64_t hs = h0 < 0 ? 0 : h0, ws_ = w0 < 0 ? 0 : w0;
+                const int64_t he = h1 > {H} ? {H} : h1, we = w1 > {W} ? {W} : w1;
+                float s = 0.0f;
+                for (int64_t ih = hs; ih < he; ih++) for (int64_t iw = ws_; iw < we; iw++) s += x[ih * {W} + iw];
+                const int64_t cnt = {"padded" if g["INCLUDE_PAD"] else "(he - hs) * (we - ws_)"};
+                y[oh * {g["OW"]} + ow] = {ep("(cnt > 0 ? s / (float)cnt : 0.0f)")};
+"""
+    return f"""    const float *X = (const float *)t[0]; float *Y = (float *)t[1];
+    #pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < {dim_c(planes)}; p++) {{
+        const float *x = X + p * {H * W}; float *y = Y + p * {g["OH"] * g["OW"]};
+        for (int64_t oh = 0; oh < {g["OH"]}; oh++)
+            for (int64_t ow = 0; ow < {g["OW"]}; ow++) {{
+                const int64_t h0 = oh * {g["SH"]} - {g["PT"]}, w0 = ow * {g["SW"]} - {g["PL"]};
+{inner}            }}
+    }}
+"""
 
 
 @register("MaxPool", "AveragePool")
@@ -52,42 +151,29 @@ def _pool(ctx, node) -> None:
     include_pad = bool(ctx.attr(node, "count_include_pad", 0))
     planes = dims_product(xs[:2])
     ep, final = ctx.take_epilogue(node, F32)
-    if is_max:
-        inner = f"""                float m = -INFINITY;
-                for (int64_t kh = 0; kh < {KH}; kh++) {{
-                    const int64_t ih = h0 + kh * {dil[0]}; if (ih < 0 || ih >= {H}) continue;
-                    for (int64_t kw = 0; kw < {KW}; kw++) {{
-                        const int64_t iw = w0 + kw * {dil[1]}; if (iw < 0 || iw >= {W}) continue;
-                        const float v = x[ih * {W} + iw]; m = v > m ? v : m;
-                    }}
-                }}
-                y[oh * {OW} + ow] = {ep("m")};
-"""
-    else:
-        inner = f"""                int64_t h1 = h0 + {KH}, w1 = w0 + {KW};
-                if (h1 > {H + pe[0]}) h1 = {H + pe[0]};
-                if (w1 > {W + pe[1]}) w1 = {W + pe[1]};
-                const int64_t padded = (h1 - h0) * (w1 - w0);
-                const int64_t hs = h0 < 0 ? 0 : h0, ws_ = w0 < 0 ? 0 : w0;
-                const int64_t he = h1 > {H} ? {H} : h1, we = w1 > {W} ? {W} : w1;
-                float s = 0.0f;
-                for (int64_t ih = hs; ih < he; ih++) for (int64_t iw = ws_; iw < we; iw++) s += x[ih * {W} + iw];
-                const int64_t cnt = {"padded" if include_pad else "(he - hs) * (we - ws_)"};
-                y[oh * {OW} + ow] = {ep("(cnt > 0 ? s / (float)cnt : 0.0f)")};
-"""
-    body = f"""    const float *X = (const float *)t[0]; float *Y = (float *)t[1];
-    #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < {dim_c(planes)}; p++) {{
-        const float *x = X + p * {H * W}; float *y = Y + p * {OH * OW};
-        for (int64_t oh = 0; oh < {OH}; oh++)
-            for (int64_t ow = 0; ow < {OW}; ow++) {{
-                const int64_t h0 = oh * {strides[0]} - {pb[0]}, w0 = ow * {strides[1]} - {pb[1]};
-{inner}            }}
+    geometry = dict(H=H, W=W, OH=OH, OW=OW, KH=KH, KW=KW, SH=strides[0], SW=strides[1], PT=pb[0], PL=pb[1],
+                    DH=dil[0], DW=dil[1], HE=H + pe[0], WE=W + pe[1], INCLUDE_PAD=int(include_pad))
+    hpad = (OH - 1) * strides[0] + (KH - 1) * dil[0] + 1
+    geometry["HPAD"] = hpad
+    if phase_plane_floats(OW, KW, strides[1], dil[1], hpad) <= MAX_PLANE_FLOATS:
+        preamble = _windows(is_max, geometry, ep("acc[ow]") if is_max else ep("(acc[ow] / (ch * cw[ow]))"))
+        body = f"""    const float *X = (const float *)t[0]; float *Y = (float *)t[1];
+    const int64_t planes = {dim_c(planes)};
+    #pragma omp parallel if (planes > 1)
+    {{
+        float buf[PP_PLANE] __attribute__((aligned(64)));
+        int64_t nt = 1, ti = 0;
+#ifdef _OPENMP
+        nt = omp_get_num_threads(); ti = omp_get_thread_num();
+#endif
+        pool_planes(planes * ti / nt, planes * (ti + 1) / nt, X, Y, buf);
     }}
 """
+    else:
+        preamble, body = "", _per_window_body(is_max, geometry, planes, ep)
     syms = tuple(symbols_of(xs))
     out = xs[:2] + ([OW] if len(xs) == 3 else [OH, OW])
-    ctx.emit(KernelSpec(node.op_type.lower(), source_with_entries("", [("pool", body)], syms), ("pool",), syms),
+    ctx.emit(KernelSpec(node.op_type.lower(), source_with_entries(preamble, [("pool", body)], syms), ("pool",), syms),
              [node.input[0]], [(final, F32, out)])
 
 

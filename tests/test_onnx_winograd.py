@@ -1,0 +1,173 @@
+"""The Winograd F(2x2, 3x3) Conv candidate ``conv_winograd`` gives ONNX Runtime's result, and is
+offered exactly for the geometries it computes (3x3, stride 1, dilation 1, one group, a constant
+weight, at least ``MIN_CHANNELS`` input channels).
+
+The candidate is forced through the public dispatch table (``graph.dispatch_table.record``) at
+each batch, so it is checked whether or not the tuner would pick it on this machine. The shapes
+are chosen against the kernel's blocking: 2x2 output tiles (odd sizes leave partial tiles at the
+right and bottom), 16-tile panels that straddle tile rows and images, work items of one or two panels, input channels in
+blocks of at most 128 (C = 300 and 512 cross block boundaries), output channels in blocks of at
+most 48 rows of 6-row panels (OC not a multiple of 6 or 16), a symbolic batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("engine_onnx")
+
+from onnx import TensorProto, helper  # noqa: E402
+
+import engine_onnx  # noqa: E402
+from engine_onnx.ops.conv_winograd import MIN_CHANNELS  # noqa: E402
+
+ort.set_default_logger_severity(3)
+RTOL = 1e-4
+ENTRY = "conv_winograd"
+
+
+def _model(nodes, x_shape, y_shape, inits, extra_inputs=()):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *x_shape])
+    ins = [x] + [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in extra_inputs]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", *y_shape])
+    graph = helper.make_graph(nodes, "winograd", ins, [y], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _tensor(rng, name, shape):
+    return helper.make_tensor(name, TensorProto.FLOAT, shape, rng.standard_normal(shape).astype(np.float32))
+
+
+def _ort(model, feeds):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)[0]
+
+
+def _entries(graph):
+    return [tuple(c.entry for c in task.meta.candidates) for task in graph.compiled_tasks]
+
+
+def _check_winograd(model, x_shape, batches=(1, 3)):
+    """Forces ``conv_winograd`` on every task that offers it (candidate 0 elsewhere) at each batch
+    and compares with ONNX Runtime; returns the tasks' entry names."""
+    graph = engine_onnx.convert(model).build()
+    entries = _entries(graph)
+    assert any(ENTRY in e for e in entries), entries
+    choice = tuple(e.index(ENTRY) if ENTRY in e else 0 for e in entries)
+    for batch in batches:
+        graph.dispatch_table.record((batch,), choice)
+        x = np.random.default_rng(batch).standard_normal((batch, *x_shape)).astype(np.float32)
+        expected = _ort(model, {"x": x})
+        actual = graph.run_async([x])[0].numpy()
+        scale = float(np.abs(expected).max())
+        np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * scale, err_msg=f"batch {batch}")
+    return entries
+
+
+def _conv_model(c, h, w, oc, pads, seed, *, bias=True, relu=True):
+    rng = np.random.default_rng(seed)
+    inits = [_tensor(rng, "w", [oc, c, 3, 3])] + ([_tensor(rng, "b", [oc])] if bias else [])
+    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["c" if relu else "y"], pads=pads)]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    return _model(nodes, [c, h, w], [oc, oh, ow], inits)
+
+
+GEOMETRIES = {
+    # name: (C, H, W, OC, pads)
+    "squeezenet_13": (16, 13, 13, 7, [1, 1, 1, 1]),
+    "odd_27_odd_channels": (29, 27, 27, 35, [1, 1, 1, 1]),
+    "wide_55": (9, 55, 55, 13, [1, 1, 1, 1]),
+    "7x7_unpadded": (11, 7, 7, 17, [0, 0, 0, 0]),
+    "1x1_image_pad1": (8, 1, 1, 5, [1, 1, 1, 1]),
+    "asymmetric_pads": (10, 9, 12, 6, [0, 1, 2, 0]),
+    "channel_blocks_and_row_blocks": (300, 6, 9, 50, [1, 1, 1, 1]),
+    "deep_512": (512, 8, 7, 64, [1, 1, 1, 1]),
+    "many_output_channels": (24, 5, 5, 197, [1, 0, 1, 0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GEOMETRIES))
+def test_winograd_matches_onnxruntime(name):
+    c, h, w, oc, pads = GEOMETRIES[name]
+    model = _conv_model(c, h, w, oc, pads, seed=len(name))
+    (entries,) = _check_winograd(model, [c, h, w])
+    assert entries[-1] == ENTRY  # appended: the other candidates keep their indices
+
+
+def test_winograd_over_chunks_of_small_images():
+    """Small images are transformed several at a time (their tiles share panels): batches of a
+    whole chunk, more than one chunk, and a partial last chunk."""
+    model = _conv_model(11, 7, 7, 17, [0, 0, 0, 0], seed=7)
+    _check_winograd(model, [11, 7, 7], batches=(14, 17, 30))
+
+
+def test_winograd_without_bias_or_activation():
+    model = _conv_model(12, 10, 11, 9, [1, 1, 1, 1], seed=5, bias=False, relu=False)
+    _check_winograd(model, [12, 10, 11])
+
+
+def test_winograd_with_folded_batchnorm_residual_add_and_relu():
+    """ResNet's block tail: Conv -> BatchNormalization (folded into the weight before the transform)
+    -> Add (the residual, read in the epilogue) -> Relu, one kernel."""
+    rng = np.random.default_rng(2)
+    ch = 12
+    inits = [_tensor(rng, "w", [ch, ch, 3, 3]),
+             helper.make_tensor("scale", TensorProto.FLOAT, [ch], rng.uniform(0.5, 1.5, ch).astype(np.float32)),
+             _tensor(rng, "shift", [ch]), _tensor(rng, "mean", [ch]),
+             helper.make_tensor("var", TensorProto.FLOAT, [ch], rng.uniform(0.5, 2.0, ch).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"]),
+             helper.make_node("Add", ["n", "x"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    model = _model(nodes, [ch, 9, 10], [ch, 9, 10], inits)
+    entries = _check_winograd(model, [ch, 9, 10])
+    assert len(entries) == 1  # BN, Add and Relu fused into the Conv kernel
+
+
+def _offered(c, oc, kernel, attrs, runtime_weight=False) -> bool:
+    rng = np.random.default_rng(0)
+    group = attrs.get("group", 1)
+    w_shape = [oc, c // group, *kernel]
+    node = helper.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    inits = [] if runtime_weight else [_tensor(rng, "w", w_shape)]
+    extra = [("w", w_shape)] if runtime_weight else []
+    probe = onnx.shape_inference.infer_shapes(_model([node], [c, 12, 12], [oc, "oh", "ow"], inits, extra))
+    out = [d.dim_value for d in probe.graph.output[0].type.tensor_type.shape.dim][1:]
+    graph = engine_onnx.convert(_model([node], [c, 12, 12], out, inits, extra)).build()
+    (entries,) = _entries(graph)
+    return ENTRY in entries
+
+
+@pytest.mark.parametrize("kernel, attrs, expected", [
+    ([3, 3], {"pads": [1, 1, 1, 1]}, True),
+    ([3, 3], {}, True),
+    ([3, 3], {"pads": [0, 2, 1, 0]}, True),
+    ([3, 3], {"auto_pad": "SAME_UPPER"}, True),
+    ([3, 3], {"pads": [1, 1, 1, 1], "strides": [2, 2]}, False),
+    ([3, 3], {"pads": [1, 1, 1, 1], "strides": [1, 2]}, False),
+    ([3, 3], {"pads": [2, 2, 2, 2], "dilations": [2, 2]}, False),
+    ([3, 3], {"pads": [1, 1, 1, 1], "group": 2}, False),
+    ([5, 5], {"pads": [2, 2, 2, 2]}, False),
+    ([3, 1], {"pads": [1, 0, 1, 0]}, False),
+    ([1, 1], {}, False),
+])
+def test_winograd_is_offered_exactly_for_3x3_stride_1(kernel, attrs, expected):
+    assert _offered(16, 8, kernel, attrs) == expected
+
+
+def test_winograd_is_not_offered_for_a_weight_computed_at_run_time():
+    assert not _offered(16, 8, [3, 3], {"pads": [1, 1, 1, 1]}, runtime_weight=True)
+
+
+def test_winograd_is_not_offered_below_the_channel_floor():
+    assert not _offered(MIN_CHANNELS - 1, 8, [3, 3], {"pads": [1, 1, 1, 1]})
+    assert _offered(MIN_CHANNELS, 8, [3, 3], {"pads": [1, 1, 1, 1]})
