@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine_onnx.codegen import KernelSpec, source_with_entries
+from engine_onnx.codegen import KernelSpec, parallel_rows, source_with_entries
 from engine_onnx.dims import Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
 from engine_onnx.ops.conv import conv_geometry
+from engine_onnx.ops.elementwise import PARALLEL_WORK
 from engine_onnx.ops.phase_plane import MAX_PLANE_FLOATS, PHASE_PLANE, phase_plane_floats
+from engine_onnx.vecmath import math_preamble
 
 F32 = np.dtype("float32")
 
@@ -184,19 +186,28 @@ def _global_pool(ctx, node) -> None:
     planes = dims_product(xs[:2])
     ep, final = ctx.take_epilogue(node, F32)
     if node.op_type == "GlobalMaxPool":
-        red = "float m = -INFINITY; for (int64_t i = 0; i < SIZE; i++) m = x[i] > m ? x[i] : m;"
+        red = """float lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                           -INFINITY};
+        int64_t i = 0;
+        for (; i + 8 <= SIZE; i += 8)
+            for (int k = 0; k < 8; k++) lane[k] = x[i + k] > lane[k] ? x[i + k] : lane[k];
+        float m = -INFINITY;
+        for (int k = 0; k < 8; k++) m = lane[k] > m ? lane[k] : m;
+        for (; i < SIZE; i++) m = x[i] > m ? x[i] : m;"""
         res = ep("m")
     else:
-        red = "float s = 0.0f; for (int64_t i = 0; i < SIZE; i++) s += x[i];"
+        red = "const float s = eng_sumf(x, SIZE);"
         res = ep("s / (float)SIZE")
-    body = f"""    const float *X = (const float *)t[0]; float *Y = (float *)t[1];
-    for (int64_t p = 0; p < {dim_c(planes)}; p++) {{
-        const float *x = X + p * SIZE;
+    row = f"""        const float *x = X + r * SIZE;
         {red}
-        Y[p] = {res};
-    }}
+        Y[r] = {res};
 """
     syms = tuple(symbols_of(xs))
     out = xs[:2] + [1] * (len(xs) - 2)
-    src = source_with_entries(f"#define SIZE {size}\n", [("pool", body)], syms)
+    total = dims_product(xs)
+    # the planes in the AVX2/baseline clone pair, shared out to the threads when there is enough
+    parallel_if = None if isinstance(total, int) and total < PARALLEL_WORK else f"{dim_c(total)} >= {PARALLEL_WORK}"
+    fn, body = parallel_rows("pool", syms, "    const float *X = (const float *)t[0]; float *Y = (float *)t[1];\n",
+                             dim_c(planes), row, parallel_if)
+    src = source_with_entries(f"#define SIZE {size}\n" + math_preamble(row) + fn, [("pool", body)], syms)
     ctx.emit(KernelSpec(node.op_type.lower(), src, ("pool",), syms), [node.input[0]], [(final, F32, out)])
