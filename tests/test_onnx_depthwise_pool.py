@@ -26,6 +26,7 @@ pytest.importorskip("engine_onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 import engine_onnx  # noqa: E402
+from onnx_support import ort_output  # noqa: E402
 
 ort.set_default_logger_severity(3)
 RTOL = 1e-4
@@ -39,13 +40,6 @@ def _model(nodes, inputs, inits):
     graph = helper.make_graph(nodes, "depthwise_pool", ins, [y], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     return onnx.shape_inference.infer_shapes(model)
-
-
-def _ort(model, feeds):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)[0]
 
 
 def _close(actual, expected, what):
@@ -130,7 +124,7 @@ def test_depthwise_candidate_matches_onnxruntime(name):
     for batch in BATCHES:
         feeds = _feeds(inputs, batch)
         actual, entries = _run_forced(graph, "conv_depthwise", feeds)
-        _close(actual, _ort(model, feeds), f"{name} ({epilogue}) at batch {batch}, tasks {entries}")
+        _close(actual, ort_output(model, feeds), f"{name} ({epilogue}) at batch {batch}, tasks {entries}")
     if epilogue == "residual_relu":  # the Add and Relu ran in the Conv's epilogue
         assert len(entries) == 1
 
@@ -143,7 +137,7 @@ def test_depthwise_epilogues_with_and_without_bias(epilogue):
         for batch in BATCHES:
             feeds = _feeds(inputs, batch)
             actual, entries = _run_forced(graph, "conv_depthwise", feeds)
-            _close(actual, _ort(model, feeds), f"{epilogue}, bias={bias}, batch {batch}")
+            _close(actual, ort_output(model, feeds), f"{epilogue}, bias={bias}, batch {batch}")
         assert len(entries) == 1  # every epilogue is fused into the one Conv kernel
 
 
@@ -152,7 +146,7 @@ def test_every_candidate_of_a_shufflenet_depthwise_agrees():
     model, inputs = _depthwise_model("plane_28x28_s2", "none", bias=True)
     graph = engine_onnx.convert(model).build()
     feeds = _feeds(inputs, 1)
-    expected = _ort(model, feeds)
+    expected = ort_output(model, feeds)
     (entries,) = [tuple(c.entry for c in task.meta.candidates) for task in graph.compiled_tasks]
     for entry in entries:
         actual, _ = _run_forced(graph, entry, feeds)
@@ -191,7 +185,7 @@ def test_pointwise_candidate_matches_onnxruntime(name, epilogue):
     for batch in BATCHES:
         feeds = _feeds(inputs, batch)
         actual, entries = _run_forced(graph, "conv_pointwise", feeds)
-        _close(actual, _ort(model, feeds), f"{name} ({epilogue}) at batch {batch}, tasks {entries}")
+        _close(actual, ort_output(model, feeds), f"{name} ({epilogue}) at batch {batch}, tasks {entries}")
     assert len(entries) == 1  # bias, residual and Relu are the Conv kernel's epilogue
 
 # name: (op, C, H, W, attributes); H == 0 makes a 1-D pool over W.
@@ -235,7 +229,7 @@ def test_pool_matches_onnxruntime(name):
     for batch in BATCHES:
         feeds = _feeds([("x", x_shape)], batch)
         actual = graph.run_async(list(feeds.values()))[0].numpy()
-        expected = _ort(model, feeds)
+        expected = ort_output(model, feeds)
         assert actual.shape == expected.shape
         _close(actual, expected, f"{name} at batch {batch}")
 

@@ -10,7 +10,6 @@ dilations, asymmetric pads, 1-D, 1x1 with and without stride, plus the fused res
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ pytest.importorskip("engine_onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 import engine_onnx  # noqa: E402
+from onnx_support import candidate_entries, ort_output, random_initializer  # noqa: E402
 
 ort.set_default_logger_severity(3)
 RTOL = 1e-4
@@ -35,22 +35,6 @@ def _model(nodes, x_shape, y_shape, inits, extra_inputs=()):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _tensor(rng, name, shape):
-    return helper.make_tensor(name, TensorProto.FLOAT, shape, rng.standard_normal(shape).astype(np.float32))
-
-
-def _ort(model, feeds):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count() or 1
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)[0]
-
-
-def _entries(graph):
-    """The candidate entry names of each task (by task index)."""
-    return [tuple(c.entry for c in task.meta.candidates) for task in graph.compiled_tasks]
-
-
 def _check_every_candidate(model, inputs_at) -> list[tuple[str, ...]]:
     """Runs the model once per candidate index (index i at batch i + 1, clipped per task) and
     compares each run with ONNX Runtime; returns the tasks' entry names."""
@@ -60,13 +44,13 @@ def _check_every_candidate(model, inputs_at) -> list[tuple[str, ...]]:
         batch = i + 1
         graph.dispatch_table.record((batch,), tuple(min(i, c - 1) for c in counts))
         feeds = inputs_at(batch)
-        expected = _ort(model, feeds)
+        expected = ort_output(model, feeds)
         actual = graph.run_async(list(feeds.values()))[0].numpy()
         scale = float(np.abs(expected).max())
-        entries = [e[min(i, len(e) - 1)] for e in _entries(graph)]
+        entries = [e[min(i, len(e) - 1)] for e in candidate_entries(graph)]
         np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * scale,
                                    err_msg=f"candidates {entries}")
-    return _entries(graph)
+    return candidate_entries(graph)
 
 
 CONVS = {
@@ -92,8 +76,8 @@ def test_every_conv_candidate_matches_onnxruntime(name):
     c, h, w, oc, kernel, attrs_ = CONVS[name]
     rng = np.random.default_rng(len(name))
     group = attrs_.get("group", 1)
-    weight = _tensor(rng, "w", [oc, c // group, *kernel])
-    bias = _tensor(rng, "b", [oc])
+    weight = random_initializer(rng, "w", [oc, c // group, *kernel])
+    bias = random_initializer(rng, "b", [oc])
     node = helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs_)
     probe = onnx.shape_inference.infer_shapes(_model([node, helper.make_node("Relu", ["c"], ["y"])],
                                                      [c, h, w], [oc, "oh", "ow"], [weight, bias]))
@@ -109,7 +93,7 @@ def test_every_conv_candidate_matches_onnxruntime(name):
 def test_one_dimensional_conv_candidates_match_onnxruntime():
     rng = np.random.default_rng(1)
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[2, 1], strides=[2], dilations=[2])]
-    model = _model(nodes, [6, 37], [10, 18], [_tensor(rng, "w", [10, 6, 3])])
+    model = _model(nodes, [6, 37], [10, 18], [random_initializer(rng, "w", [10, 6, 3])])
     _check_every_candidate(
         model, lambda b: {"x": np.random.default_rng(b).standard_normal((b, 6, 37)).astype(np.float32)})
 
@@ -120,9 +104,9 @@ def test_conv_batchnorm_add_relu_is_one_kernel_reading_the_residual(op):
     and the Relu fused, so the graph has two Conv kernels and nothing else; every candidate still
     matches."""
     rng = np.random.default_rng(2)
-    inits = [_tensor(rng, "w1", [8, 8, 3, 3]), _tensor(rng, "w2", [8, 8, 3, 3]),
+    inits = [random_initializer(rng, "w1", [8, 8, 3, 3]), random_initializer(rng, "w2", [8, 8, 3, 3]),
              helper.make_tensor("scale", TensorProto.FLOAT, [8], rng.uniform(0.5, 1.5, 8).astype(np.float32)),
-             _tensor(rng, "shift", [8]), _tensor(rng, "mean", [8]),
+             random_initializer(rng, "shift", [8]), random_initializer(rng, "mean", [8]),
              helper.make_tensor("var", TensorProto.FLOAT, [8], rng.uniform(0.5, 2.0, 8).astype(np.float32))]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["a"], ["r"]),
@@ -143,7 +127,7 @@ def test_a_residual_computed_later_is_not_fused_and_still_correct():
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Sigmoid", ["x"], ["later"]),
              helper.make_node("Add", ["c", "later"], ["y"])]
-    model = _model(nodes, [4, 6, 6], [4, 6, 6], [_tensor(rng, "w", [4, 4, 3, 3])])
+    model = _model(nodes, [4, 6, 6], [4, 6, 6], [random_initializer(rng, "w", [4, 4, 3, 3])])
     entries = _check_every_candidate(
         model, lambda b: {"x": np.random.default_rng(b).standard_normal((b, 4, 6, 6)).astype(np.float32)})
     assert len(entries) >= 2
@@ -157,7 +141,7 @@ GEMMS = {"odd": (7, 13, 5), "k_over_block": (9, 300, 33), "rows_over_block": (15
 def test_every_matmul_and_gemm_candidate_matches_onnxruntime(name):
     m, k, n = GEMMS[name]
     rng = np.random.default_rng(m * k + n)
-    inits = [_tensor(rng, "bm", [k, n]), _tensor(rng, "wg", [n, n]), _tensor(rng, "cg", [n])]
+    inits = [random_initializer(rng, "bm", [k, n]), random_initializer(rng, "wg", [n, n]), random_initializer(rng, "cg", [n])]
     nodes = [helper.make_node("MatMul", ["x", "bm"], ["p"]),
              helper.make_node("Reshape", ["p", "shape"], ["q"]),
              helper.make_node("Gemm", ["q", "wg", "cg"], ["g"], transB=1, alpha=0.5),

@@ -12,7 +12,6 @@ most 48 rows of 6-row panels (OC not a multiple of 6 or 16), a symbolic batch.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ pytest.importorskip("engine_onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 import engine_onnx  # noqa: E402
+from onnx_support import candidate_entries, ort_output, random_initializer  # noqa: E402
 from engine_onnx.ops.conv_winograd import MIN_CHANNELS  # noqa: E402
 
 ort.set_default_logger_severity(3)
@@ -39,32 +39,17 @@ def _model(nodes, x_shape, y_shape, inits, extra_inputs=()):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _tensor(rng, name, shape):
-    return helper.make_tensor(name, TensorProto.FLOAT, shape, rng.standard_normal(shape).astype(np.float32))
-
-
-def _ort(model, feeds):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count() or 1
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)[0]
-
-
-def _entries(graph):
-    return [tuple(c.entry for c in task.meta.candidates) for task in graph.compiled_tasks]
-
-
 def _check_winograd(model, x_shape, batches=(1, 3)):
     """Forces ``conv_winograd`` on every task that offers it (candidate 0 elsewhere) at each batch
     and compares with ONNX Runtime; returns the tasks' entry names."""
     graph = engine_onnx.convert(model).build()
-    entries = _entries(graph)
+    entries = candidate_entries(graph)
     assert any(ENTRY in e for e in entries), entries
     choice = tuple(e.index(ENTRY) if ENTRY in e else 0 for e in entries)
     for batch in batches:
         graph.dispatch_table.record((batch,), choice)
         x = np.random.default_rng(batch).standard_normal((batch, *x_shape)).astype(np.float32)
-        expected = _ort(model, {"x": x})
+        expected = ort_output(model, {"x": x})
         actual = graph.run_async([x])[0].numpy()
         scale = float(np.abs(expected).max())
         np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * scale, err_msg=f"batch {batch}")
@@ -73,7 +58,7 @@ def _check_winograd(model, x_shape, batches=(1, 3)):
 
 def _conv_model(c, h, w, oc, pads, seed, *, bias=True, relu=True):
     rng = np.random.default_rng(seed)
-    inits = [_tensor(rng, "w", [oc, c, 3, 3])] + ([_tensor(rng, "b", [oc])] if bias else [])
+    inits = [random_initializer(rng, "w", [oc, c, 3, 3])] + ([random_initializer(rng, "b", [oc])] if bias else [])
     oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
     nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["c" if relu else "y"], pads=pads)]
     if relu:
@@ -120,9 +105,9 @@ def test_winograd_with_folded_batchnorm_residual_add_and_relu():
     -> Add (the residual, read in the epilogue) -> Relu, one kernel."""
     rng = np.random.default_rng(2)
     ch = 12
-    inits = [_tensor(rng, "w", [ch, ch, 3, 3]),
+    inits = [random_initializer(rng, "w", [ch, ch, 3, 3]),
              helper.make_tensor("scale", TensorProto.FLOAT, [ch], rng.uniform(0.5, 1.5, ch).astype(np.float32)),
-             _tensor(rng, "shift", [ch]), _tensor(rng, "mean", [ch]),
+             random_initializer(rng, "shift", [ch]), random_initializer(rng, "mean", [ch]),
              helper.make_tensor("var", TensorProto.FLOAT, [ch], rng.uniform(0.5, 2.0, ch).astype(np.float32))]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"]),
@@ -138,12 +123,12 @@ def _offered(c, oc, kernel, attrs, runtime_weight=False) -> bool:
     group = attrs.get("group", 1)
     w_shape = [oc, c // group, *kernel]
     node = helper.make_node("Conv", ["x", "w"], ["y"], **attrs)
-    inits = [] if runtime_weight else [_tensor(rng, "w", w_shape)]
+    inits = [] if runtime_weight else [random_initializer(rng, "w", w_shape)]
     extra = [("w", w_shape)] if runtime_weight else []
     probe = onnx.shape_inference.infer_shapes(_model([node], [c, 12, 12], [oc, "oh", "ow"], inits, extra))
     out = [d.dim_value for d in probe.graph.output[0].type.tensor_type.shape.dim][1:]
     graph = engine_onnx.convert(_model([node], [c, 12, 12], out, inits, extra)).build()
-    (entries,) = _entries(graph)
+    (entries,) = candidate_entries(graph)
     return ENTRY in entries
 
 
