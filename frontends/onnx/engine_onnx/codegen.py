@@ -8,7 +8,7 @@ from ``symbols`` into ``s_<name>`` locals by the prologue.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -16,6 +16,9 @@ import numpy as np
 from engine_cpu.libraries import link_directives
 
 from engine_onnx.errors import NodeUnsupported
+
+if TYPE_CHECKING:
+    from engine_onnx.dims import Dim
 
 __all__ = ["KernelSpec", "ctype", "prologue", "HEADER", "source_with_entries", "kernel_sources", "cpu_options",
            "parallel_rows"]
@@ -104,17 +107,21 @@ def kernel_sources(preamble: str, bodies: Sequence[tuple[str, str]], symbols: Se
 
 
 def parallel_rows(entry: str, symbols: Sequence[str], decls: str, rows: str, row_body: str,
-                  parallel_if: str | None) -> tuple[str, str]:
+                  work: "Dim", threshold: int) -> tuple[str, str]:
     """(preamble, entry body) of a kernel that runs ``row_body`` for each row ``r`` in ``[0, rows)``.
 
     The rows run in a function compiled twice (``target_clones``: x86-64-v3, i.e. AVX2+FMA, and
     baseline x86-64), the right one picked when the library loads, so a bundle stays portable while
     its loops use the host's vectors. The OpenMP region is in the entry and calls that function:
     a parallel loop inside a cloned function would be outlined into a function compiled for the
-    baseline only. When ``parallel_if`` (a C condition) holds, the rows are split evenly among
-    the threads; ``decls`` (the tensor pointers, read from ``t``) and the symbols' ``s_<name>``
-    locals are in scope in ``row_body``.
+    baseline only. When ``work`` (elements, a dimension expression) reaches ``threshold``, the
+    rows are split evenly among the threads (no OpenMP at all when it is known at import to stay
+    below); ``decls`` (the tensor pointers, read from ``t``) and the symbols' ``s_<name>`` locals
+    are in scope in ``row_body``.
     """
+    from engine_onnx.dims import dim_c
+
+    parallel_if = None if isinstance(work, int) and work < threshold else f"{dim_c(work)} >= {threshold}"
     syms = "".join(f"    const int64_t s_{s} = sym[{i}]; (void)s_{s};\n" for i, s in enumerate(symbols))
     fn = (f"__attribute__((target_clones(\"arch=x86-64-v3\", \"default\")))\n"
           f"static void {entry}_rows(void *const *t, const int64_t *sym, int64_t lo, int64_t hi) {{\n"

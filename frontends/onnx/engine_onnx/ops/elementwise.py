@@ -303,9 +303,8 @@ def group_source(group: Group, leaf_shapes: Sequence[Sequence[Dim]], leaf_types:
             step_values.append(f"v{k}")
     row_body = loops + pad[:-4] + "{\n" + "".join(f"{pad}{s}\n" for s in stmts) + pad[:-4] + "}\n"
     threshold = PARALLEL_WORK // (1 + TRANSCENDENTAL_COST * len(_TRANSCENDENTAL.findall(row_body)))
-    parallel_if = None if isinstance(total, int) and total < threshold else f"{dim_c(total)} >= {threshold}"
     fn, body = parallel_rows("elementwise", symbols, "".join(f"{line}\n" for line in lines), dim_c(sizes[0]),
-                             row_body, parallel_if)
+                             row_body, total, threshold)
     return source_with_entries(math_preamble(row_body) + fn, [("elementwise", body)], symbols)
 
 

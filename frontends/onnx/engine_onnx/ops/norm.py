@@ -175,9 +175,7 @@ def _softmax(ctx, node) -> None:
 """
         rows = dim_c(outer * inner)
     syms = tuple(symbols_of(xs))
-    total = dims_product(xs)
-    parallel_if = None if isinstance(total, int) and total < SOFTMAX_PARALLEL else f"{dim_c(total)} >= {SOFTMAX_PARALLEL}"
-    fn, body = parallel_rows("softmax", syms, decls, rows, row, parallel_if)
+    fn, body = parallel_rows("softmax", syms, decls, rows, row, dims_product(xs), SOFTMAX_PARALLEL)
     ctx.emit(KernelSpec(node.op_type.lower(), source_with_entries(math_preamble(row) + fn, [("softmax", body)], syms),
                         ("softmax",), syms),
              [node.input[0]], [(node.output[0], F32, xs)])
@@ -209,8 +207,8 @@ def _layernorm(ctx, node) -> None:
     slots = [out_slot + 1 + sum(1 for p in stats[:i] if p) if name else None for i, name in enumerate(stats)]
     keep_stats = "".join(f"        {arr}[o] = {val};\n" for arr, val, slot in (("Mo", "mean", slots[0]),
                                                                                 ("Ro", "inv", slots[1])) if slot)
-    decls = (f"    const float *X = (const float *)t[0], *S = (const float *)t[1];\n"
-             + (f"    const float *Bb = (const float *)t[2];\n" if bias else "")
+    decls = ("    const float *X = (const float *)t[0], *S = (const float *)t[1];\n"
+             + ("    const float *Bb = (const float *)t[2];\n" if bias else "")
              + f"    float *Y = (float *)t[{out_slot}];\n"
              + (f"    float *Mo = (float *)t[{slots[0]}];\n" if slots[0] else "")
              + (f"    float *Ro = (float *)t[{slots[1]}];\n" if slots[1] else ""))
@@ -222,9 +220,7 @@ def _layernorm(ctx, node) -> None:
         for (int64_t j = 0; j < {d}; j++) y[j] = {ep(f"(x[j] - mean) * inv * S[j]{bias_expr}")};
 {keep_stats}"""
     syms = tuple(symbols_of(xs))
-    total = dims_product(xs)
-    parallel_if = None if isinstance(total, int) and total < PARALLEL_WORK else f"{dim_c(total)} >= {PARALLEL_WORK}"
-    fn, body = parallel_rows("layernorm", syms, decls, dim_c(outer), row, parallel_if)
+    fn, body = parallel_rows("layernorm", syms, decls, dim_c(outer), row, dims_product(xs), PARALLEL_WORK)
     stat_shape = xs[:axis] + [1] * (len(xs) - axis)
     outs = [(final, F32, xs)] + [(name, F32, stat_shape) for name in stats if name]
     ctx.emit(KernelSpec("layernorm", source_with_entries(math_preamble(row) + fn, [("layernorm", body)], syms),

@@ -204,10 +204,8 @@ def _global_pool(ctx, node) -> None:
 """
     syms = tuple(symbols_of(xs))
     out = xs[:2] + [1] * (len(xs) - 2)
-    total = dims_product(xs)
     # the planes in the AVX2/baseline clone pair, shared out to the threads when there is enough
-    parallel_if = None if isinstance(total, int) and total < PARALLEL_WORK else f"{dim_c(total)} >= {PARALLEL_WORK}"
     fn, body = parallel_rows("pool", syms, "    const float *X = (const float *)t[0]; float *Y = (float *)t[1];\n",
-                             dim_c(planes), row, parallel_if)
+                             dim_c(planes), row, dims_product(xs), PARALLEL_WORK)
     src = source_with_entries(f"#define SIZE {size}\n" + math_preamble(row) + fn, [("pool", body)], syms)
     ctx.emit(KernelSpec(node.op_type.lower(), src, ("pool",), syms), [node.input[0]], [(final, F32, out)])
