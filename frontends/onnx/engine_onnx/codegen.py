@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from engine_onnx.dims import Dim
 
 __all__ = ["KernelSpec", "ctype", "prologue", "HEADER", "source_with_entries", "kernel_sources", "cpu_options",
-           "parallel_rows"]
+           "parallel_rows", "thread_share", "OMP_INCLUDE", "PARALLEL_WORK", "TRANSCENDENTAL_COST"]
 
 HEADER = "#include <stdint.h>\n#include <string.h>\n#include <tgmath.h>\n#undef I\n"
 
@@ -106,6 +106,28 @@ def kernel_sources(preamble: str, bodies: Sequence[tuple[str, str]], symbols: Se
     return source_with_entries(preamble, shared, symbols), tuple(own)
 
 
+#: Elements of plain arithmetic (a load, an add, a store) worth a second thread: below it the
+#: OpenMP fork and join cost more than they save. A kernel's own threshold divides this by its cost
+#: per element, where each call to a function (erf, exp, tanh…) counts ``TRANSCENDENTAL_COST``.
+PARALLEL_WORK = 32768
+TRANSCENDENTAL_COST = 8
+
+#: What a source that calls ``omp_get_num_threads``/``omp_get_thread_num`` includes.
+OMP_INCLUDE = "#ifdef _OPENMP\n#include <omp.h>\n#endif\n"
+
+
+def thread_share(count: str, call: str, *, thread_locals: str = "", condition: str | None = None) -> str:
+    """C statements that run ``call`` (with ``lo``, ``hi`` in scope) on an even share of
+    ``[0, count)`` per OpenMP thread, in one parallel region (when ``condition`` holds, if given);
+    ``thread_locals`` are declared once per thread (a stack buffer). Needs ``OMP_INCLUDE``."""
+    parallel = "    #pragma omp parallel" + (f" if ({condition})" if condition else "") + "\n"
+    return (f"    const int64_t count_ = {count};\n{parallel}    {{\n{thread_locals}"
+            "        int64_t nt = 1, ti = 0;\n"
+            "#ifdef _OPENMP\n        nt = omp_get_num_threads(); ti = omp_get_thread_num();\n#endif\n"
+            "        const int64_t lo = count_ * ti / nt, hi = count_ * (ti + 1) / nt;\n"
+            f"        {call};\n    }}\n")
+
+
 def parallel_rows(entry: str, symbols: Sequence[str], decls: str, rows: str, row_body: str,
                   work: "Dim", threshold: int) -> tuple[str, str]:
     """(preamble, entry body) of a kernel that runs ``row_body`` for each row ``r`` in ``[0, rows)``.
@@ -129,18 +151,4 @@ def parallel_rows(entry: str, symbols: Sequence[str], decls: str, rows: str, row
           f"    for (int64_t r = lo; r < hi; r++) {{\n{row_body}    }}\n}}\n")
     if parallel_if is None:
         return fn, f"    {entry}_rows(t, sym, 0, {rows});\n"
-    omp = "#ifdef _OPENMP\n#include <omp.h>\n#endif\n"
-    body = (f"    const int64_t rows = {rows};\n"
-            "#ifdef _OPENMP\n"
-            f"    if ({parallel_if}) {{\n"
-            "        #pragma omp parallel\n"
-            "        {\n"
-            "            const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();\n"
-            f"            {entry}_rows(t, sym, rows * id / nt, rows * (id + 1) / nt);\n"
-            "        }\n"
-            "        return 0;\n"
-            "    }\n"
-            "#endif\n"
-            f"    {entry}_rows(t, sym, 0, rows);\n")
-    return omp + fn, body
-
+    return OMP_INCLUDE + fn, thread_share(rows, f"{entry}_rows(t, sym, lo, hi)", condition=parallel_if)

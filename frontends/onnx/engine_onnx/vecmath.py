@@ -81,9 +81,10 @@ static inline float eng_expf(float x) {
 """
 
 
-# Sums of a contiguous row in eight lanes (a left-to-right float sum cannot be vectorised without
-# reassociating it; this is the reassociation, written out, so results do not depend on flags):
-# ``eng_sumf`` of the values, ``eng_sqdevf`` of their squared distances from ``c``.
+# Reductions of a contiguous row in eight lanes (a left-to-right float sum cannot be vectorised
+# without reassociating it; this is the reassociation, written out, so results do not depend on
+# flags): ``eng_sumf`` of the values, ``eng_maxf`` their maximum (a NaN is skipped, as the
+# branch-free ``m = v > m ? v : m`` everywhere here), ``eng_sqdevf`` their squared distances from ``c``.
 SUM_F32 = """static inline float eng_sumf(const float *x, int64_t n) {
     float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     int64_t j = 0;
@@ -92,6 +93,16 @@ SUM_F32 = """static inline float eng_sumf(const float *x, int64_t n) {
     float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
     for (; j < n; j++) s += x[j];
     return s;
+}
+static inline float eng_maxf(const float *x, int64_t n) {
+    float lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) lane[k] = x[j + k] > lane[k] ? x[j + k] : lane[k];
+    float m = -INFINITY;
+    for (int k = 0; k < 8; k++) m = lane[k] > m ? lane[k] : m;
+    for (; j < n; j++) m = x[j] > m ? x[j] : m;
+    return m;
 }
 static inline float eng_sqdevf(const float *x, int64_t n, float c) {
     float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -108,4 +119,4 @@ static inline float eng_sqdevf(const float *x, int64_t n, float c) {
 def math_preamble(body: str) -> str:
     """``NO_TRAPS`` and the definitions of the functions ``body`` calls."""
     return (NO_TRAPS + (ERF_F32 if "eng_erff(" in body else "") + (EXP_F32 if "eng_expf(" in body else "")
-            + (SUM_F32 if "eng_sumf(" in body or "eng_sqdevf(" in body else ""))
+            + (SUM_F32 if any(f in body for f in ("eng_sumf(", "eng_maxf(", "eng_sqdevf(")) else ""))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine_onnx.codegen import KernelSpec, kernel_sources
+from engine_onnx.codegen import KernelSpec, kernel_sources, thread_share
 from engine_onnx.dims import Mono, dim_c, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
@@ -233,17 +233,9 @@ def _depthwise(n, head: str, epilogue_expr: str) -> tuple[str, str]:
     """One input channel per output channel (``CG == 1``): (preamble, entry body). Each thread takes
     an even share of the planes and runs them through ``dep_planes`` (AVX2+FMA where the machine has
     them: ``target_clones``), with its own plane buffer on its stack."""
-    body = head + f"""    const int64_t planes = {dim_c(n)} * OC;
-    #pragma omp parallel if (planes > 1)
-    {{
-        float buf[PP_PLANE] __attribute__((aligned(64)));
-        int64_t nt = 1, ti = 0;
-#ifdef _OPENMP
-        nt = omp_get_num_threads(); ti = omp_get_thread_num();
-#endif
-        dep_planes(planes * ti / nt, planes * (ti + 1) / nt, X, Wt, Bv, R, Y, buf);
-    }}
-"""
+    buf = "        float buf[PP_PLANE] __attribute__((aligned(64)));\n"
+    body = head + thread_share(f"{dim_c(n)} * OC", "dep_planes(lo, hi, X, Wt, Bv, R, Y, buf)",
+                               condition="count_ > 1", thread_locals=buf)
     return PHASE_PLANE + _DEPTHWISE.replace("EPILOGUE", epilogue_expr), body
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Callable
 
 from engine_onnx.dims import Dim, dim_c
+from engine_onnx.vecmath import NO_TRAPS
 
 __all__ = ["POINTWISE", "pointwise_body"]
 
@@ -23,10 +24,7 @@ __all__ = ["POINTWISE", "pointwise_body"]
 POINTWISE = r"""
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
-#define PW_MR 6
+""" + NO_TRAPS + r"""#define PW_MR 6
 #define PW_NR 16
 /* Output channels m0..m1 (within group g) x pixels p0..p1 of image nn. */
 __attribute__((target_clones("arch=x86-64-v3", "default")))

@@ -26,7 +26,8 @@ from typing import Callable, Sequence
 import attrs
 import numpy as np
 
-from engine_onnx.codegen import KernelSpec, ctype, parallel_rows, source_with_entries
+from engine_onnx.codegen import (PARALLEL_WORK, TRANSCENDENTAL_COST, KernelSpec, ctype, parallel_rows,
+                                 source_with_entries)
 from engine_onnx.dims import Dim, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
@@ -245,11 +246,7 @@ def _same_elements(shape: Sequence[Dim], out_shape: Sequence[Dim]) -> bool:
     return pad >= 0 and all(d == 1 for d in out_shape[:pad]) and list(shape) == list(out_shape[pad:])
 
 
-#: Elements of plain arithmetic (a load, an add, a store) worth a second thread: below it the
-#: OpenMP fork and join cost more than they save. A group's own threshold divides this by its cost
-#: per element, where each call to a function (erf, exp, tanh…) counts ``TRANSCENDENTAL_COST``.
-PARALLEL_WORK = 32768
-TRANSCENDENTAL_COST = 8
+#: Calls to a function (erf, exp, tanh…) in a group: each weighs ``TRANSCENDENTAL_COST`` in its threads.
 _TRANSCENDENTAL = re.compile(r"\b(?:eng_erff|eng_expf|exp|expm1|log|log1p|tanh|pow|sqrt|erf|sin|cos|tan|asin|"
                              r"acos|atan|sinh|cosh|asinh|acosh|atanh|round|nearbyint)\(")
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine_onnx.codegen import KernelSpec, parallel_rows, source_with_entries
+from engine_onnx.codegen import (PARALLEL_WORK, TRANSCENDENTAL_COST, KernelSpec, parallel_rows,
+                                 source_with_entries)
 from engine_onnx.dims import Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
-from engine_onnx.ops.elementwise import PARALLEL_WORK, TRANSCENDENTAL_COST, emit_elementwise
+from engine_onnx.ops.elementwise import emit_elementwise
 from engine_onnx.vecmath import math_preamble
 
 F32 = np.dtype("float32")
@@ -149,14 +150,8 @@ def _softmax(ctx, node) -> None:
                else "const float inv = 1.0f / s;\n        for (int64_t j = 0; j < D; j++) y[j] *= inv;")
         row = f"""        const int64_t D = {dim_c(dim)};
         const float *x = X + r * D; float *y = Y + r * D;
-        float lane[8] = {{-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY}};
-        int64_t j = 0;
-        for (; j + 8 <= D; j += 8)
-            for (int k = 0; k < 8; k++) lane[k] = x[j + k] > lane[k] ? x[j + k] : lane[k];
-        float m = -INFINITY;
-        for (int k = 0; k < 8; k++) m = lane[k] > m ? lane[k] : m;
-        for (; j < D; j++) m = x[j] > m ? x[j] : m;
-        for (j = 0; j < D; j++) y[j] = eng_expf(x[j] - m);
+        const float m = eng_maxf(x, D);
+        for (int64_t j = 0; j < D; j++) y[j] = eng_expf(x[j] - m);
         const float s = eng_sumf(y, D);
         {fin}
 """

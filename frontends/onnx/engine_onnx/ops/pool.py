@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine_onnx.codegen import KernelSpec, parallel_rows, source_with_entries
+from engine_onnx.codegen import (OMP_INCLUDE, PARALLEL_WORK, KernelSpec, parallel_rows, source_with_entries,
+                                 thread_share)
 from engine_onnx.dims import Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
 from engine_onnx.ops.conv import conv_geometry
-from engine_onnx.ops.elementwise import PARALLEL_WORK
 from engine_onnx.ops.phase_plane import MAX_PLANE_FLOATS, PHASE_PLANE, phase_plane_floats
-from engine_onnx.vecmath import math_preamble
+from engine_onnx.vecmath import NO_TRAPS, math_preamble
 
 F32 = np.dtype("float32")
 
@@ -40,10 +40,7 @@ def _check(ctx, node):
 
 _WINDOWS = r"""
 #pragma GCC push_options
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
-/* Planes p0..p1, each copied into buf (PP_PLANE floats, padding PV: phase_plane.py), so that every
+""" + NO_TRAPS + r"""/* Planes p0..p1, each copied into buf (PP_PLANE floats, padding PV: phase_plane.py), so that every
    tap of an output row is a contiguous run; ow outermost, taps unrolled, so the row vectorises.
    An average's count is the product of the window's row count (ch) and column count (cw[ow]); a
    window with no element counts 1 (its sum is 0). */
@@ -87,7 +84,7 @@ def _windows(is_max: bool, geometry: dict, epilogue: str) -> str:
     ``pool_planes`` (AVX2 where the machine has it: ``target_clones``)."""
     combine = "((b) > (a) ? (b) : (a))" if is_max else "((a) + (b))"
     defs = "".join(f"#define {k} {v}\n" for k, v in geometry.items())
-    return ("#ifdef _OPENMP\n#include <omp.h>\n#endif\n" + defs
+    return (OMP_INCLUDE + defs
             + f"#define PV {'(-INFINITY)' if is_max else '0.0f'}\n#define COMBINE(a, b) {combine}\n"
             + PHASE_PLANE + _WINDOWS.replace("EPILOGUE", epilogue))
 
@@ -159,18 +156,9 @@ def _pool(ctx, node) -> None:
     geometry["HPAD"] = hpad
     if phase_plane_floats(OW, KW, strides[1], dil[1], hpad) <= MAX_PLANE_FLOATS:
         preamble = _windows(is_max, geometry, ep("acc[ow]") if is_max else ep("(acc[ow] / (ch * cw[ow]))"))
-        body = f"""    const float *X = (const float *)t[0]; float *Y = (float *)t[1];
-    const int64_t planes = {dim_c(planes)};
-    #pragma omp parallel if (planes > 1)
-    {{
-        float buf[PP_PLANE] __attribute__((aligned(64)));
-        int64_t nt = 1, ti = 0;
-#ifdef _OPENMP
-        nt = omp_get_num_threads(); ti = omp_get_thread_num();
-#endif
-        pool_planes(planes * ti / nt, planes * (ti + 1) / nt, X, Y, buf);
-    }}
-"""
+        body = ("    const float *X = (const float *)t[0]; float *Y = (float *)t[1];\n"
+                + thread_share(dim_c(planes), "pool_planes(lo, hi, X, Y, buf)", condition="count_ > 1",
+                               thread_locals="        float buf[PP_PLANE] __attribute__((aligned(64)));\n"))
     else:
         preamble, body = "", _per_window_body(is_max, geometry, planes, ep)
     syms = tuple(symbols_of(xs))
@@ -186,14 +174,7 @@ def _global_pool(ctx, node) -> None:
     planes = dims_product(xs[:2])
     ep, final = ctx.take_epilogue(node, F32)
     if node.op_type == "GlobalMaxPool":
-        red = """float lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY,
-                           -INFINITY};
-        int64_t i = 0;
-        for (; i + 8 <= SIZE; i += 8)
-            for (int k = 0; k < 8; k++) lane[k] = x[i + k] > lane[k] ? x[i + k] : lane[k];
-        float m = -INFINITY;
-        for (int k = 0; k < 8; k++) m = lane[k] > m ? lane[k] : m;
-        for (; i < SIZE; i++) m = x[i] > m ? x[i] : m;"""
+        red = "const float m = eng_maxf(x, SIZE);"
         res = ep("m")
     else:
         red = "const float s = eng_sumf(x, SIZE);"
