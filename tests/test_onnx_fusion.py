@@ -353,3 +353,58 @@ def test_a_matmul_bias_add_along_the_last_axis_runs_in_the_matmul(bias_shape, fu
     graph = _build(model)
     assert (len(_kernels(graph)) == 1) == fused, _kernels(graph)
     _assert_matches_ort(graph, model, {"x": rng.standard_normal((2, 7, 16)).astype(np.float32)})
+
+
+
+def _constant(name: str, value, dtype=np.float32) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, dtype), name))
+
+
+def _conv_then(after, x_shape=(2, 6, 9, 9)):
+    """A 3x3 Conv (6 -> 5 channels) and its BatchNormalization ``bn``, then the nodes ``after``
+    (Constant nodes among them, placed after the Conv as Caffe2 exports its Scale weights)."""
+    rng = np.random.default_rng(11)
+    oc = 5
+    inits = [_const("w", rng.standard_normal((oc, x_shape[1], 3, 3)).astype(np.float32)),
+             _const("b", rng.standard_normal(oc).astype(np.float32)),
+             _const("gamma", rng.uniform(0.5, 2, oc).astype(np.float32)),
+             _const("beta", rng.standard_normal(oc).astype(np.float32)),
+             _const("mean", rng.standard_normal(oc).astype(np.float32)),
+             _const("var", rng.uniform(0.5, 2, oc).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["bn"]), *after]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F32, list(x_shape))],
+                   [helper.make_tensor_value_info("y", F32, [None] * 4)], inits)
+    return model, {"x": rng.standard_normal(x_shape).astype(np.float32)}
+
+
+@pytest.mark.parametrize("after", [
+    # Caffe2's Scale: Mul and Add by per-channel vectors, unsqueezed to [C, 1, 1] after the Conv
+    [_constant("s", np.linspace(-2, 2, 5)), _constant("axes", [1, 2], np.int64),
+     helper.make_node("Unsqueeze", ["s", "axes"], ["s3"]), helper.make_node("Mul", ["bn", "s3"], ["m"]),
+     _constant("t", np.linspace(1, 3, 5).reshape(5, 1, 1)), helper.make_node("Add", ["t", "m"], ["a"]),
+     helper.make_node("Relu", ["a"], ["y"])],
+    # a scalar Mul, a Sub with the constant first, a Div by a [1, C, 1, 1] vector
+    [_constant("k", 1.5), helper.make_node("Mul", ["bn", "k"], ["m"]),
+     _constant("t", np.linspace(-1, 1, 5).reshape(5, 1, 1)), helper.make_node("Sub", ["t", "m"], ["s"]),
+     _constant("d", np.linspace(0.5, 2, 5).reshape(1, 5, 1, 1)), helper.make_node("Div", ["s", "d"], ["y"])],
+], ids=["caffe2_scale", "mul_sub_div"])
+def test_per_channel_constant_arithmetic_after_a_conv_folds_into_its_weights(after):
+    model, feeds = _conv_then(after)
+    graph = _build(model)
+    assert len(_kernels(graph)) == 1 and _kernels(graph)[0].startswith("conv"), _kernels(graph)
+    _assert_matches_ort(graph, model, feeds)
+
+
+def test_arithmetic_that_varies_along_the_plane_or_divides_by_zero_is_not_folded():
+    model, feeds = _conv_then([
+        _constant("row", np.linspace(-1, 1, 9)), helper.make_node("Mul", ["bn", "row"], ["m"]),
+        _constant("z", np.array([1, 2, 0, 4, 5]).reshape(5, 1, 1)), helper.make_node("Div", ["m", "z"], ["y"])])
+    graph = _build(model)
+    assert len(_kernels(graph)) == 2, _kernels(graph)  # the Conv, then Mul and Div as one group
+    expected = _ort(model, feeds)[0]
+    actual = _run(graph, model, feeds)[0]
+    np.testing.assert_array_equal(np.isinf(actual), np.isinf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-5,
+                               atol=1e-5 * float(np.abs(expected[finite]).max()))

@@ -446,10 +446,10 @@ def test_gemm_and_conv_kernels_offer_several_candidates_with_equal_results():
     graph = engine_onnx.convert(model, registry=registry).build()
     candidates = {task.name.rsplit("_", 1)[0]: len(task.candidates) for task in graph.compiled_tasks}
     # the Relu is fused into the Conv; one Gemm candidate per GEMM routine, and the Conv's im2col
-    # path once per tuned routine (not the straightforward one) next to its direct and implicit
-    # (packed, fused) candidates
+    # path once per tuned routine (not the straightforward one) next to its direct, implicit
+    # (packed, fused) and, as it has 3 input channels, strided (first-layer) candidates
     routines = len(GEMM_CANDIDATES)
-    assert candidates == {"conv": routines + 1, "gemm": routines}
+    assert candidates == {"conv": routines + 2, "gemm": routines}
     data = rng.standard_normal((3, 3, 8, 8)).astype(np.float32)
     expected = _ort(model, {"x": data})[0]
     _assert_close(graph.run_async([data])[0].numpy(), expected)

@@ -5,7 +5,8 @@ weight, at least ``MIN_CHANNELS`` input channels).
 The candidate is forced through the public dispatch table (``graph.dispatch_table.record``) at
 each batch, so it is checked whether or not the tuner would pick it on this machine. The shapes
 are chosen against the kernel's blocking: 2x2 output tiles (odd sizes leave partial tiles at the
-right and bottom), 16-tile panels that straddle tile rows and images, work items of one or two panels, input channels in
+right and bottom), 16-tile panels that straddle tile rows and images, work items of one or two panels
+running over the whole batch's tiles (so they start and end mid-row and mid-image), input channels in
 blocks of at most 128 (C = 300 and 512 cross block boundaries), output channels in blocks of at
 most 48 rows of 6-row panels (OC not a multiple of 6 or 16), a symbolic batch.
 """
@@ -24,7 +25,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 import engine_onnx  # noqa: E402
 from onnx_support import candidate_entries, ort_output, random_initializer  # noqa: E402
-from engine_onnx.ops.conv_winograd import MIN_CHANNELS  # noqa: E402
+from engine_onnx.ops.conv_winograd import MIN_CHANNELS, winograd_defs  # noqa: E402
 
 ort.set_default_logger_severity(3)
 RTOL = 1e-4
@@ -85,7 +86,7 @@ def test_winograd_matches_onnxruntime(name):
     c, h, w, oc, pads = GEOMETRIES[name]
     model = _conv_model(c, h, w, oc, pads, seed=len(name))
     (entries,) = _check_winograd(model, [c, h, w])
-    assert entries[-1] == ENTRY  # appended: the other candidates keep their indices
+    assert entries.index(ENTRY) > entries.index("conv_implicit")  # appended: earlier indices kept
 
 
 def test_winograd_over_chunks_of_small_images():
@@ -93,6 +94,40 @@ def test_winograd_over_chunks_of_small_images():
     whole chunk, more than one chunk, and a partial last chunk."""
     model = _conv_model(11, 7, 7, 17, [0, 0, 0, 0], seed=7)
     _check_winograd(model, [11, 7, 7], batches=(14, 17, 30))
+
+
+def _defines(c, oc, oh, ow) -> dict[str, int]:
+    lines = [line.split() for line in winograd_defs(c, oc, oh, ow).splitlines()]
+    return {name: int(value) for _, name, value in lines}
+
+
+@pytest.mark.parametrize("c, h, w, oc, batches", [
+    (16, 13, 13, 50, (8, 5)),    # 49 tiles an image, 32-tile work items straddling images
+    (12, 7, 9, 20, (8, 7)),      # 16-tile work items over 20-tile images: runs of 4 and 12 lanes
+    (9, 55, 55, 13, (1, 2)),     # 28-tile rows: work items end mid-row; batch 1 ends on a 16-tile item
+])
+def test_winograd_work_items_span_images(c, h, w, oc, batches):
+    """A work item is a run of consecutive tiles of the whole batch (image, tile row, tile column)
+    and may begin or end mid-row or mid-image; batches that end on a partial item and partial panel."""
+    wnb = _defines(c, oc, h, w)["WNB"]
+    tiles = -(-h // 2) * -(-w // 2)
+    assert tiles % wnb  # items do straddle images (and rows)
+    model = _conv_model(c, h, w, oc, [1, 1, 1, 1], seed=c + h)
+    _check_winograd(model, [c, h, w], batches=batches)
+
+
+@pytest.mark.parametrize("c, h, w, oc, in_workspace", [
+    (300, 14, 14, 40, 0),   # 49-tile images, but 16-tile work items so V of all 300 channels fits the stack
+    (520, 7, 7, 40, 1),     # too many channels for the stack: each thread's V in its slot of the workspace
+])
+def test_winograd_transformed_input_buffer(c, h, w, oc, in_workspace):
+    """A thread transforms its group's tiles for every input channel block into a buffer of its own:
+    on its stack where it fits (work items narrowed to 16 tiles for it), else its slot of the
+    workspace (``WVWS``)."""
+    defines = _defines(c, oc, h, w)
+    assert defines["WVWS"] == in_workspace and defines["WKC"] < c and defines["WNB"] == 16
+    model = _conv_model(c, h, w, oc, [1, 1, 1, 1], seed=c)
+    _check_winograd(model, [c, h, w], batches=(1, 3))
 
 
 def test_winograd_without_bias_or_activation():
@@ -114,8 +149,22 @@ def test_winograd_with_folded_batchnorm_residual_add_and_relu():
              helper.make_node("Add", ["n", "x"], ["s"]),
              helper.make_node("Relu", ["s"], ["y"])]
     model = _model(nodes, [ch, 9, 10], [ch, 9, 10], inits)
-    entries = _check_winograd(model, [ch, 9, 10])
+    entries = _check_winograd(model, [ch, 9, 10], batches=(1, 3, 8))
     assert len(entries) == 1  # BN, Add and Relu fused into the Conv kernel
+
+
+def test_winograd_residual_over_work_items_straddling_images():
+    """The residual plane of each output tile is the one of its own image, where a work item's
+    tiles belong to two images (49 tiles an image, 32-tile items) and output channels span blocks."""
+    rng = np.random.default_rng(3)
+    ch = 52
+    inits = [random_initializer(rng, "w", [ch, ch, 3, 3]), random_initializer(rng, "b", [ch])]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["x", "c"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    model = _model(nodes, [ch, 13, 13], [ch, 13, 13], inits)
+    entries = _check_winograd(model, [ch, 13, 13], batches=(8, 3))
+    assert len(entries) == 1
 
 
 def _offered(c, oc, kernel, attrs, runtime_weight=False) -> bool:

@@ -25,7 +25,7 @@ unsupported node in one ``UnsupportedModelError``; no bundle is built from a poi
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -34,6 +34,7 @@ from onnx import helper, numpy_helper
 
 from engine.build import GraphBuilder
 from engine_onnx.codegen import KernelSpec, cpu_options
+from engine_onnx.concat_slices import ConcatFill, ConcatSlice, ConcatSlices
 from engine_onnx.dims import Dim, DimError, Mono, dim_expr
 from engine_onnx.errors import ModelLoadError, NodeUnsupported, UnsupportedModelError, UnsupportedNode
 from engine_onnx.model import older_definition
@@ -107,7 +108,7 @@ class Lowering:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
         self.inputs: list[tuple[str, np.dtype, tuple[Dim, ...]]] = []
         self.weights: list[tuple[str, np.ndarray]] = []
-        self.calls: list[tuple[KernelSpec, list[Ref], list[tuple[np.dtype, tuple[Dim, ...]]]]] = []
+        self.calls: list[tuple[KernelSpec, list[Ref], list[tuple[np.dtype, tuple[Dim, ...]]], dict[int, int]]] = []
         self.consts: dict[str, np.ndarray] = {}
         self.tensors: dict[str, Operand] = {}
         self.unsupported: list[UnsupportedNode] = []
@@ -117,7 +118,9 @@ class Lowering:
         self._pending: dict[str, Deferred] = {}
         self._consumers: dict[str, list[onnx.NodeProto]] = {}
         self._counter = 0
+        self.concat_slices = ConcatSlices()
         self.outputs = [o.name for o in self.graph.output]
+        self._declared = {vi.name: vi for vi in [*self.graph.value_info, *self.graph.output, *self.graph.input]}
         for node in self.graph.node:
             for name in node.input:
                 if name:
@@ -194,6 +197,18 @@ class Lowering:
             return tuple(int(d) for d in self.consts[name].shape)
         return self.tensors[name].shape
 
+    def static_size(self, name: str, axis: int) -> int | None:
+        """``name``'s size along ``axis`` where it is a number known now: from the value when it is
+        lowered already, else from ONNX's shape inference; None otherwise."""
+        if name in self.consts or name in self.tensors:
+            shape = self.shape(name)
+            return shape[axis] if axis < len(shape) and isinstance(shape[axis], int) else None
+        vi = self._declared.get(name)
+        if vi is None or not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            return None
+        dims = vi.type.tensor_type.shape.dim
+        return int(dims[axis].dim_value) if axis < len(dims) and dims[axis].HasField("dim_value") else None
+
     def dtype(self, name: str) -> np.dtype:
         if name in self.consts:
             v = self.consts[name]
@@ -225,6 +240,8 @@ class Lowering:
         if name in self._pending:
             self._materialize(name)
         if name in self.tensors:
+            if self.tensors[name].ref.kind == "slice":
+                raise AssertionError(f"{name!r} was written into a Concat's buffer; only that Concat reads it")
             return self.tensors[name].ref
         if name not in self.consts:
             raise NodeUnsupported(f"input {name!r} is not produced by any node")
@@ -238,14 +255,32 @@ class Lowering:
                                           tuple(int(d) for d in arr.shape))
         return self._weight_refs[name]
 
-    def emit(self, spec: KernelSpec, inputs: Iterable[str], outputs: Sequence[tuple[str, Any, Sequence[Dim]]]) -> None:
-        """Record one kernel call reading ``inputs`` (names) and producing ``outputs`` (name, dtype, shape)."""
+    def emit(self, spec: KernelSpec, inputs: Iterable[str], outputs: Sequence[tuple[str, Any, Sequence[Dim]]],
+             *, in_place: Mapping[int, int] | None = None) -> None:
+        """Record one kernel call reading ``inputs`` (names) and producing ``outputs`` (name, dtype, shape);
+        ``in_place`` maps an output position to the input position it is written over (the bundle's
+        ``share_map``)."""
         refs = [self._ref(n) for n in inputs]
         idx = len(self.calls)
         outs = [(np.dtype(dt), tuple(shape)) for _, dt, shape in outputs]
-        self.calls.append((spec, refs, outs))
+        self.calls.append((spec, refs, outs, dict(in_place or {})))
         for pos, ((name, _, _), (dt, shape)) in enumerate(zip(outputs, outs)):
             self.tensors[name] = Operand(Ref("call", idx, pos, dt, shape), dt, shape)
+
+    def take_concat_slice(self, name: str, dtype: np.dtype, shape: Sequence[Dim]) -> ConcatSlice | None:
+        """Where the producer of ``name`` writes when a channel Concat is its only reader
+        (``concat_slices``); None when it writes a tensor of its own. The caller must emit next."""
+        return self.concat_slices.take(self, name, dtype, shape)
+
+    def concat_fill(self, node: onnx.NodeProto) -> ConcatFill | None:
+        """The buffer producers have written for Concat ``node``, if any."""
+        return self.concat_slices.fill(node)
+
+    def mark_sliced(self, name: str, dtype: np.dtype, shape: Sequence[Dim]) -> None:
+        """``name`` is written into its Concat's buffer (``concat_slices``): its shape stays known,
+        but no kernel may read it as a tensor of its own."""
+        shape_t = tuple(shape)
+        self.tensors[name] = Operand(Ref("slice", self.next_id(), 0, np.dtype(dtype), shape_t), np.dtype(dtype), shape_t)
 
     def sole_consumer(self, name: str) -> onnx.NodeProto | None:
         """The one node reading ``name`` when nothing else (and no graph output) does, else None."""
@@ -366,35 +401,43 @@ class Lowering:
 
     # -- the walk --------------------------------------------------------------------------------
     def run(self) -> None:
-        from engine_onnx.folding import try_fold
-        from engine_onnx.ops import handler_for
-
-        # Constants first: exporters place them anywhere (torch puts a ReLU6's Clip bounds after
-        # the Conv), and a fusion decided at the producer needs the bounds of what it fuses.
-        folded_early = {id(node) for node in self.graph.node
-                        if node.op_type == "Constant" and not node.input and try_fold(self, node)}
+        # Nodes computed from constants alone first (in order, so chains of them too): exporters
+        # place them anywhere (torch puts a ReLU6's Clip bounds after the Conv; Caffe2 unsqueezes a
+        # Scale's weight right before its Mul), and a fusion decided at the producer needs the
+        # values of what it fuses. Any order that keeps each node after its inputs is a valid one.
+        done: set[int] = set()
         for node in self.graph.node:
-            if id(node) in self._fused or id(node) in folded_early:
-                continue
-            if any(n in self.poisoned for n in node.input if n):
-                self.poisoned.update(o for o in node.output if o)
-                continue
-            try:
-                if node.domain in ("", "ai.onnx") and (why := older_definition(node.op_type, self.opset)):
-                    raise NodeUnsupported(why)
-                if try_fold(self, node):
-                    continue
-                handler = handler_for(node)
-                handler(self, node)
-            except (NodeUnsupported, DimError) as exc:
-                self.unsupported.append(UnsupportedNode(node.name, node.op_type, str(exc)))
-                self.poisoned.update(o for o in node.output if o)
+            if all(n in self.consts for n in node.input if n):
+                self._lower(node)
+                done.add(id(node))
+        for node in self.graph.node:
+            if id(node) not in done:
+                self._lower(node)
         if self.unsupported:
             raise UnsupportedModelError(self.unsupported, self.name)
         # A value still deferred here was read by no kernel (only CastLike's type operand reads a
         # value without its elements) and is no graph output: nothing needs it computed.
         self._pending.clear()
         self._finish_outputs()
+
+    def _lower(self, node: onnx.NodeProto) -> None:
+        """Folds, skips (fused) or lowers one node; an unsupported one is recorded and poisons its outputs."""
+        from engine_onnx.folding import try_fold
+        from engine_onnx.ops import handler_for
+
+        if id(node) in self._fused:
+            return
+        if any(n in self.poisoned for n in node.input if n):
+            self.poisoned.update(o for o in node.output if o)
+            return
+        try:
+            if node.domain in ("", "ai.onnx") and (why := older_definition(node.op_type, self.opset)):
+                raise NodeUnsupported(why)
+            if not try_fold(self, node):
+                handler_for(node)(self, node)
+        except (NodeUnsupported, DimError) as exc:
+            self.unsupported.append(UnsupportedNode(node.name, node.op_type, str(exc)))
+            self.poisoned.update(o for o in node.output if o)
 
     def _finish_outputs(self) -> None:
         from engine_onnx.ops.shape import emit_constant, emit_copy
@@ -422,7 +465,7 @@ class Lowering:
     # -- into the builder --------------------------------------------------------------------------
     def specs(self) -> list[KernelSpec]:
         unique: dict[tuple[str, tuple[str, ...]], KernelSpec] = {}
-        for spec, _, _ in self.calls:
+        for spec, _, _, _ in self.calls:
             unique.setdefault((spec.source, spec.entries), spec)
         return list(unique.values())
 
@@ -434,7 +477,7 @@ class Lowering:
         for i, (name, arr) in enumerate(self.weights):
             values[self._weight_refs[name]] = b.weight(name, arr)
         kdefs: dict[tuple[str, tuple[str, ...]], Any] = {}
-        for idx, (spec, refs, outs) in enumerate(self.calls):
+        for idx, (spec, refs, outs, in_place) in enumerate(self.calls):
             key = (spec.source, spec.entries)
             if key not in kdefs:
                 kdefs[key] = b.kernel(f"{spec.name}_{len(kdefs)}", entries=list(spec.entries), source=spec.source,
@@ -442,7 +485,7 @@ class Lowering:
                                       entry_code={e: (src, cpu_options(src)) for e, src in spec.entry_sources})
             produced = b.call(kdefs[key], [values[r] for r in refs],
                               [(dt.name, [dim_expr(d) for d in shape]) for dt, shape in outs],
-                              symbols=list(spec.symbols), workspace=spec.workspace)
+                              symbols=list(spec.symbols), workspace=spec.workspace, share_map=in_place)
             for pos, ((dt, shape), v) in enumerate(zip(outs, produced)):
                 values[Ref("call", idx, pos, dt, shape)] = v
         for name, op in self.output_operands:

@@ -31,10 +31,11 @@ from engine_onnx.codegen import KernelSpec, kernel_sources, thread_share
 from engine_onnx.dims import Mono, dim_c, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
-from engine_onnx.ops.conv_winograd import (WINOGRAD_HELPERS, winograd_body, winograd_defs, winograd_eligible,
+from engine_onnx.ops.conv_winograd import (winograd_body, winograd_defs, winograd_eligible, winograd_helpers,
                                           winograd_weight, winograd_workspace)
 from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE, OWN_BINARY_ROUTINES
 from engine_onnx.ops.conv_pointwise import pointwise_body
+from engine_onnx.ops.conv_strided import strided_body, strided_eligible
 from engine_onnx.ops.phase_plane import MAX_PLANE_FLOATS, PHASE_PLANE, phase_plane_floats
 
 __all__ = ["conv_geometry"]
@@ -87,8 +88,57 @@ def _fold_batchnorm(ctx, out_name: str, w: np.ndarray, b: np.ndarray):
     return w2, b2, bn.output[0]
 
 
+def _channel_vector(k: np.ndarray, oc: int, rank: int) -> np.ndarray | None:
+    """``k`` as one float64 value per output channel where, broadcast against a ``[N, OC, ...]``
+    output of ``rank`` axes, it varies along the channels at most (and does not widen the output)."""
+    if k.dtype != F32 or k.ndim > rank:
+        return None
+    shape = (1,) * (rank - k.ndim) + k.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, oc):
+        return None
+    return np.broadcast_to(k.reshape(-1).astype(np.float64), (oc,))
+
+
+def _fold_channel_affine(ctx, out_name: str, w: np.ndarray, b: np.ndarray, oc: int, rank: int):
+    """Folds the constant per-channel ``Mul``/``Add``/``Sub``/``Div`` nodes that follow (a Caffe
+    export's ``Scale`` after its BatchNormalization: Inception-v2's and DenseNet's every Conv) into
+    the weights and bias. Returns (w, b, the name of the last folded value or None)."""
+    last = None
+    w64, b64 = w.astype(np.float64), b.astype(np.float64)
+    while (node := ctx.sole_consumer(out_name)) is not None and node.op_type in ("Mul", "Add", "Sub", "Div"):
+        if len(node.input) != 2 or node.input[0] == node.input[1]:
+            break
+        first = node.input[0] == out_name
+        other = ctx.const(node.input[1] if first else node.input[0])
+        k = None if other is None else _channel_vector(other, oc, rank)
+        if k is None or (node.op_type == "Div" and (not first or not np.all(k))):
+            break
+        scale = k.reshape(-1, *([1] * (w.ndim - 1)))
+        if node.op_type == "Mul":
+            w64, b64 = w64 * scale, b64 * k
+        elif node.op_type == "Div":
+            w64, b64 = w64 / scale, b64 / k
+        elif node.op_type == "Add":
+            b64 = b64 + k
+        elif first:  # out - k
+            b64 = b64 - k
+        else:  # k - out
+            w64, b64 = -w64, k - b64
+        ctx.mark_fused(node)
+        out_name = last = node.output[0]
+    if last is None:
+        return w, b, None
+    return w64.astype(np.float32), b64.astype(np.float32), last
+
+
 def _conv_defs(**values: int) -> str:
     return "".join(f"#define {k} {v}\n" for k, v in values.items())
+
+
+# Every candidate addresses its output and residual planes through these: the output may be the
+# channels YOFF.. of a Concat buffer of YC channels (concat_slices.py); the residual never is.
+_PLANES = ("#define YPLANE(nn, oc) (Y + ((nn) * YC + YOFF + (oc)) * (int64_t)(OH * OW))\n"
+           "#define RPLANE(nn, oc) (R + ((nn) * OC + (oc)) * (int64_t)(OH * OW))\n")
 
 
 # The fused packed convolution: one OpenMP region per call; each thread owns output tiles (a range
@@ -156,7 +206,7 @@ def _implicit_body(n, head: str, tile_epilogue: str) -> str:
             const int64_t m0 = (rest / cn) * tm, n0 = (rest % cn) * tn;
             const int64_t m1 = m0 + tm < OCG ? m0 + tm : OCG, n1 = n0 + tn < OH * OW ? n0 + tn : OH * OW;
             const float *xg = X + (nn * C + g * CG) * (H * W), *wg = Wt + g * OCG * KC;
-            float *yg = Y + (nn * OC + g * OCG) * (OH * OW);
+            float *yg = YPLANE(nn, g * OCG);
             for (int64_t k0 = 0; k0 < KC; k0 += kcb) {{
                 const int64_t kc = KC - k0 < kcb ? KC - k0 : kcb;
                 conv_pack_b(xg, k0, kc, n0, n1 - n0, bp);
@@ -170,7 +220,7 @@ def _implicit_body(n, head: str, tile_epilogue: str) -> str:
                 const int64_t oc = g * OCG + m;
                 const float bias = Bv[oc];
                 float *y = yg + m * (OH * OW);
-                const float *res = R + (nn * OC + oc) * (OH * OW); (void)res;
+                const float *res = RPLANE(nn, oc); (void)res;
                 for (int64_t i = n0; i < n1; i++) y[i] = {tile_epilogue};
             }}
         }}
@@ -196,8 +246,8 @@ static void dep_planes(int64_t q0, int64_t q1, const float *X, const float *Wt, 
         if (x != last) pp_fill(x, buf);
         last = x;
         const float bias = Bv[oc];
-        float *y = Y + q * (OH * OW);
-        const float *res = R + q * (OH * OW); (void)res;
+        float *y = YPLANE(nn, oc);
+        const float *res = RPLANE(nn, oc); (void)res;
         /* Two output rows at a time, each tap sum split in two (even and odd taps): four
            independent FMA chains, so the FMA latency does not bound the loop. */
         for (int64_t oh0 = 0; oh0 < OH; oh0 += 2) {
@@ -269,6 +319,8 @@ def _conv(ctx, node) -> None:
     bn_out = None
     if w is not None and b is not None:  # a weight computed at run time is used as it is (no folding)
         w, b, bn_out = _fold_batchnorm(ctx, node.output[0], w, b)
+        w, b, scaled = _fold_channel_affine(ctx, bn_out or node.output[0], w, b, oc, len(xs))
+        bn_out = scaled or bn_out
     n = xs[0]
     out_shape = [n, oc] + out_sp
     residual = ctx.take_residual_add(bn_out or node.output[0], F32, out_shape)
@@ -281,16 +333,19 @@ def _conv(ctx, node) -> None:
     OH, OW = out_sp
     if OH <= 0 or OW <= 0:
         raise NodeUnsupported("empty output")
+    # Where the output is only a channel Concat's input, the planes go straight into its buffer.
+    place = ctx.take_concat_slice(final, F32, out_shape)
     kc = cg * KH * KW
     ocg = oc // group
     one_by_one = KH == KW == 1 and strides == [1, 1] and pb == [0, 0] and not any(pe) and dil == [1, 1]
     hpad = (OH - 1) * strides[0] + (KH - 1) * dil[0] + 1
     defs = _conv_defs(C=c, H=H, W=W, OC=oc, CG=cg, OCG=ocg, KH=KH, KW=KW, SH=strides[0], SW=strides[1],
                       PT=pb[0], PL=pb[1], DH=dil[0], DW=dil[1], OH=OH, OW=OW, KC=kc, GROUPS=group,
-                      ONE_BY_ONE=int(one_by_one), HPAD=hpad)
+                      ONE_BY_ONE=int(one_by_one), HPAD=hpad, YC=place.channels if place else oc,
+                      YOFF=place.offset if place else 0) + _PLANES
     # The Winograd weight, when offered, is the last input (after the residual), before the output.
     winograd = winograd_eligible([KH, KW], strides, dil, group, c, w is not None)
-    out_slot = 3 + bool(residual) + winograd
+    out_slot = 3 + bool(residual) + winograd + bool(place and place.buffer)
     head = ("    const float *X = (const float *)t[0], *Wt = (const float *)t[1], *Bv = (const float *)t[2];\n"
             f"    const float *R = (const float *){'t[3]' if residual else 'X'}; (void)R;\n"
             f"    float *Y = (float *)t[{out_slot}];\n")
@@ -299,8 +354,8 @@ def _conv(ctx, node) -> None:
     direct = head + f"""    #pragma omp parallel for schedule(static)
     for (int64_t q = 0; q < {dim_c(n)} * OC; q++) {{
         const int64_t nn = q / OC, oc = q % OC, g = oc / OCG;
-        float *y = Y + q * OH * OW;
-        const float *res = R + q * OH * OW; (void)res;
+        float *y = YPLANE(nn, oc);
+        const float *res = RPLANE(nn, oc); (void)res;
         const float bias = Bv[oc];
         for (int64_t i = 0; i < OH * OW; i++) y[i] = 0.0f;
         for (int64_t ic = 0; ic < CG; ic++) {{
@@ -354,12 +409,12 @@ def _conv(ctx, node) -> None:
         bodies.append((f"conv_im2col_{entry}", head + f"""    for (int64_t nn = 0; nn < {dim_c(n)}; nn++)
       for (int64_t g = 0; g < GROUPS; g++) {{
         const float *xg = X + (nn * C + g * CG) * H * W;
-{cols}        {fn}(OCG, OH * OW, KC, Wt + g * OCG * KC, KC, B, OH * OW, Y + (nn * OC + g * OCG) * OH * OW, OH * OW);
+{cols}        {fn}(OCG, OH * OW, KC, Wt + g * OCG * KC, KC, B, OH * OW, YPLANE(nn, g * OCG), OH * OW);
       }}
     #pragma omp parallel for schedule(static)
     for (int64_t q = 0; q < {dim_c(n)} * OC; q++) {{
-        float *y = Y + q * OH * OW;
-        const float *res = R + q * OH * OW; (void)res;
+        float *y = YPLANE(q / OC, q % OC);
+        const float *res = RPLANE(q / OC, q % OC); (void)res;
         const float bias = Bv[q % OC];
     {epilogue}    }}
 """))
@@ -372,9 +427,8 @@ def _conv(ctx, node) -> None:
     workspace = 0 if one_by_one else kc * OH * OW * 4
     extra_inputs = []
     if winograd:  # appended last: the other candidates' indices must not move
-        bodies.append(("conv_winograd", winograd_body(dim_c(n), head, 3 + bool(residual),
-                                                     lambda v: ep(f"({v} + bias{res_term})"))))
-        defs += winograd_defs(c, oc, OH, OW) + WINOGRAD_HELPERS
+        bodies.append(("conv_winograd", winograd_body(dim_c(n), head, 3 + bool(residual))))
+        defs += winograd_defs(c, oc, OH, OW) + winograd_helpers(lambda v: ep(f"({v} + bias{res_term})"))
         workspace = max(workspace, winograd_workspace(c, OH, OW))
         extra_inputs.append(ctx.add_weight(winograd_weight(w), wn + ".winograd"))
     pointwise = ""
@@ -382,12 +436,23 @@ def _conv(ctx, node) -> None:
     if one_by_one and cg <= 64:  # appended last too (a 1x1 Conv never has conv_winograd): no index moves
         pointwise, pw_body = pointwise_body(n, head, lambda v: ep(f"({v} + bias{res_term})"))
         bodies.append(("conv_pointwise", pw_body))
+    strided = ""
+    # Few input channels, any stride (a first layer): the im2col rows cost more than the product.
+    if strided_eligible([KH, KW], strides, dil, group, c, [OH, OW], one_by_one):  # appended last: no index moves
+        strided, st_body = strided_body(n, head, lambda v: ep(f"({v} + bias{res_term})"), c=c, kernel=[KH, KW],
+                                        strides=strides, dil=dil, out=[OH, OW])
+        bodies.append(("conv_strided", st_body))
     syms = tuple(symbols_of([n]))
-    source, own = kernel_sources(GEMM_PREAMBLE + defs + _IMPLICIT_PACK + depthwise + pointwise, bodies, syms,
+    source, own = kernel_sources(GEMM_PREAMBLE + defs + _IMPLICIT_PACK + depthwise + pointwise + strided, bodies, syms,
                                  OWN_BINARY_ROUTINES)
     # A run-time weight [OC, CG, KH, KW] is already the [OC, CG*KH*KW] matrix every candidate reads.
     wname = wn if w is None else ctx.add_weight(np.ascontiguousarray(w.reshape(oc, -1), dtype=np.float32), wn)
     bname = bn_in if b is None else ctx.add_weight(np.ascontiguousarray(b, dtype=np.float32), bn_in or wn + ".bias")
-    out_shape = [n, oc] + ([OW] if len(xs) == 3 else [OH, OW])
     spec = KernelSpec("conv", source, tuple(e for e, _ in bodies), syms, workspace, entry_sources=own)
-    ctx.emit(spec, [x, wname, bname] + ([residual[0]] if residual else []) + extra_inputs, [(final, F32, out_shape)])
+    inputs = [x, wname, bname] + ([residual[0]] if residual else []) + extra_inputs
+    if place is None:
+        ctx.emit(spec, inputs, [(final, F32, out_shape)])
+    elif place.buffer is None:
+        ctx.emit(spec, inputs, [(place.name, F32, place.shape)])
+    else:
+        ctx.emit(spec, inputs + [place.buffer], [(place.name, F32, place.shape)], in_place={0: len(inputs)})

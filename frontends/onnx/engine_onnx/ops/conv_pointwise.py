@@ -66,8 +66,8 @@ static void pw_tile(int64_t nn, int64_t g, int64_t m0, int64_t m1, int64_t p0, i
                 const int64_t oc = g * OCG + m + r;
                 const float bias = Bv[oc];
                 const float *acc = tile + r * PW_NR;
-                float *y = Y + (nn * OC + oc) * (OH * OW) + p;
-                const float *res = R + (nn * OC + oc) * (OH * OW) + p; (void)res;
+                float *y = YPLANE(nn, oc) + p;
+                const float *res = RPLANE(nn, oc) + p; (void)res;
                 if (nr == PW_NR) {  /* vectorised: the compiler scalarises the fully unrolled loop otherwise */
                     #pragma omp simd
                     for (int64_t i = 0; i < PW_NR; i++) y[i] = EPILOGUE;

@@ -12,20 +12,29 @@ float32), 16/9 the size of the 3x3 weight, as an extra kernel input. It is store
 the way ``gemm_macro`` reads its A operand (6-row panels, ``kc`` deep, per block of input channels
 and per tap), so the kernel never packs A: every block of tiles would otherwise repack all 16 taps.
 
-Kernel (one OpenMP region per call; images a chunk at a time, see ``_geometry``):
+Kernel: one OpenMP region per call with no barrier inside and no workspace. The batch's tiles
+(image, tile row, tile column) are cut into groups of ``WNB`` consecutive tiles, which may straddle
+tile rows and images (small images share panels); a work item is (group, block of at most ``WMC``
+output channels), shared out statically, so a thread's items are consecutive groups:
 
-1. ``V`` of the whole chunk goes to the workspace, already in ``gemm_macro``'s packed B layout
-   (16-tile panels, per channel block and tap). It is computed one (channel, tile row) at a time,
-   vectorised along the row from a zero-padded even/odd column split of the four input rows, then
-   copied into the panels. Doing it once per chunk (rather than per block of output channels, or
-   gathered per 16-tile panel that may straddle tile rows) keeps it a small share of the work.
-2. Each thread takes (``WNB`` tiles) x (at most ``WMC`` output channels): per channel block, 16
-   ``gemm_macro`` calls (one per tap, B read straight from the workspace) into ``M`` on its stack.
-3. The output transform, bias, residual and activation are applied to the block while it is hot,
-   written row run by row run (vectorisable).
+1. The thread transforms its group's tiles itself: ``V`` of every input channel, one run per tile
+   row, vectorised along the run from a zero-padded even/odd column split of the four input rows,
+   stored straight into ``gemm_macro``'s packed B layout in a buffer of the thread's, and kept for
+   the group's next output-channel blocks. The buffer is on the thread's stack where it fits
+   (``_MAX_V_BYTES``; work items narrowed to one panel to make it fit), else (``WVWS``, more than
+   512 input channels) the thread's slot of the workspace, one slot per thread, at most
+   ``_WS_SLOTS`` threads.
+2. Per channel block, 16 ``gemm_macro`` calls (one per tap) into ``M`` on its stack.
+3. The output transform, bias, residual and activation (``wino_store``, AVX2 where the machine has
+   it), written row run by row run through ``YPLANE`` and ``RPLANE``.
 
-Workspace: ``16 * C * tiles`` floats of one chunk (for one image about 4/9 of the im2col candidates'
-columns). Stack per thread: ``16 * WMC * WNB`` floats (at most 96 KiB).
+Why this shape: a workspace ``V`` per chunk of images, written by all threads and then read by all,
+needed two barriers per chunk, sent most of a work item's ``V`` through the other core's cache,
+and kept the transform and its products apart in time, so batch 8 cost more than 8 x batch 1.
+Here a group's ``V`` is made by the thread that uses it, just before it is used (in its L2).
+
+Stack per thread: ``16 * C * WNB`` floats for ``V`` (at most 512 KiB; none with ``WVWS``) and
+``16 * WMC * WNB`` for ``M`` (at most 96 KiB).
 """
 
 from __future__ import annotations
@@ -34,8 +43,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["winograd_eligible", "winograd_weight", "winograd_defs", "winograd_body", "winograd_workspace",
-           "WINOGRAD_HELPERS", "MIN_CHANNELS"]
+__all__ = ["winograd_eligible", "winograd_weight", "winograd_defs", "winograd_body", "winograd_helpers",
+           "winograd_workspace", "MIN_CHANNELS"]
 
 #: Fewer input channels than this and the transforms (the output one grows with the output, not with
 #: C) and the short per-tap GEMMs (depth C) eat the multiplies saved (measured against ``conv_implicit``
@@ -45,9 +54,10 @@ MIN_CHANNELS = 8
 _MR = 6         # gemm_macro's MR: rows per packed A panel
 _NR = 16        # gemm_macro's NR: tiles per packed B panel
 _NBP = 2        # B panels per work item (WNB = 32 tiles): each A panel is reused for 32 tiles
-_CHUNK_TILES = 256  # small images are transformed together, up to this many tiles (less panel padding)
 _MAX_KC = 128   # input channels per block (the depth of one gemm_macro call)
 _MAX_MC = 48    # output channels per work item, a multiple of 6 (the M buffer: 16 x WMC x WNB floats)
+_MAX_V_BYTES = 512 * 1024  # a thread keeps V of all channels of its group up to this size (its stack)
+_WS_SLOTS = 16  # beyond that (WVWS), V in the workspace: one slot per thread, the team capped at this
 
 # G of F(2, 3): U = G g G^T.
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -94,32 +104,31 @@ def winograd_weight(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
 
 
-def _geometry(oh: int, ow: int) -> tuple[int, int, int, int, int]:
-    """(tile rows, tile columns, images per chunk, B panels per work item, panels of a whole chunk).
-
-    One panel per work item where an image has at most three (a 7x7 output has 16 tiles), so a
-    batch-1 run is not mostly padding. Small images are transformed a chunk at a time, the chunk
-    (up to ``_CHUNK_TILES`` tiles) chosen for the least padding in its last work item, the smallest
-    such chunk on a tie (the workspace holds one chunk)."""
+def _geometry(oh: int, ow: int, channels: int) -> tuple[int, int, int]:
+    """(tile rows, tile columns, tiles per work item ``WNB``). One 16-tile panel per work item where an
+    image has at most three (a 7x7 output has 16 tiles), so a batch-1 run is not mostly padding, or
+    where two panels of ``V`` of every input channel would not fit a thread's buffer (its transform
+    would then be redone per block of output channels); two otherwise (each packed weight panel is
+    then used for 32 tiles)."""
     th, tw = -(-oh // 2), -(-ow // 2)
-    nbp = 1 if th * tw <= 3 * _NR else _NBP
-    wnb = _NR * nbp
-    images = min(range(1, max(1, _CHUNK_TILES // (th * tw)) + 1),
-                 key=lambda k: (-(-k * th * tw // wnb) * wnb / (k * th * tw), k))
-    panels = -(-(images * th * tw) // wnb) * nbp  # whole work items
-    return th, tw, images, nbp, panels
+    one = th * tw <= 3 * _NR or 16 * channels * _NR * _NBP * 4 > _MAX_V_BYTES
+    return th, tw, _NR * (1 if one else _NBP)
 
 
 def winograd_workspace(channels: int, oh: int, ow: int) -> int:
-    """Bytes of one chunk's transformed input ``V`` (16 taps x channels x tiles, panels padded)."""
-    panels = _geometry(oh, ow)[-1]
-    return 16 * channels * panels * _NR * 4
+    """Bytes of workspace: ``V`` slots for ``_WS_SLOTS`` threads where a thread's ``V`` does not fit
+    its stack (``WVWS``), else none."""
+    wnb = _geometry(oh, ow, channels)[2]
+    size = 16 * channels * wnb * 4
+    return _WS_SLOTS * size if size > _MAX_V_BYTES else 0
 
 
 def winograd_defs(channels: int, out_channels: int, oh: int, ow: int) -> str:
-    th, tw, images, nbp, panels = _geometry(oh, ow)
-    values = dict(WTH=th, WTW=tw, WIMG=images, WNP=panels, WNB=_NR * nbp, WQ=tw + 1, WKC=_kc(channels),
-                  WMC=_mc(out_channels), WOCP=-(-out_channels // _MR) * _MR)
+    th, tw, wnb = _geometry(oh, ow, channels)
+    kc = _kc(channels)
+    in_ws = 16 * channels * wnb * 4 > _MAX_V_BYTES
+    values = dict(WTH=th, WTW=tw, WNB=wnb, WQ=tw + 1, WKC=kc, WMC=_mc(out_channels),
+                  WOCP=-(-out_channels // _MR) * _MR, WVWS=int(in_ws), WSLOTS=_WS_SLOTS)
     return "".join(f"#define {k} {v}\n" for k, v in values.items())
 
 
@@ -136,135 +145,129 @@ def _input_transform() -> str:
     return "\n            ".join(lines)
 
 
-def winograd_body(n_c: str, head: str, u_slot: int, epilogue: Callable[[str], str]) -> str:
+def winograd_body(n_c: str, head: str, u_slot: int) -> str:
     """The ``conv_winograd`` entry's body. ``n_c`` is the batch as a C expression, ``head`` the
     shared input/output prologue (``X``, ``Bv``, ``R``, ``Y``), ``u_slot`` the tensor index of the
-    transformed weight, ``epilogue(v)`` the C expression of the output from the accumulated value
-    ``v`` (bias, residual ``res[i]`` and activation; ``i`` is the output index in the plane)."""
-    ep = epilogue("v")
+    transformed weight. Needs ``winograd_defs`` and ``winograd_helpers``."""
     return head + f"""    const float *U = (const float *)t[{u_slot}];
-    float *V = (float *)ws;
-    const int64_t batch = {n_c}, mblocks = (OC + WMC - 1) / WMC;
-    #pragma omp parallel
+    const int64_t tiles = {n_c} * (WTH * WTW), groups = (tiles + WNB - 1) / WNB;
+    const int64_t mblocks = (OC + WMC - 1) / WMC;
+#ifdef _OPENMP
+#define THREAD_NUM omp_get_thread_num()
+    const int team = WVWS && omp_get_max_threads() > WSLOTS ? WSLOTS : omp_get_max_threads();
+#else
+#define THREAD_NUM 0
+    const int team = 1;
+#endif
+    (void)team;
+    #pragma omp parallel num_threads(team) if (groups * mblocks > 1)
     {{
+#if WVWS
+        float *vl = (float *)ws + (int64_t)THREAD_NUM * (16 * C * WNB);
+#else
+        float vl[16 * C * WNB] __attribute__((aligned(64)));
+#endif
         float mb[16 * WMC * WNB] __attribute__((aligned(64)));
-        for (int64_t n0 = 0; n0 < batch; n0 += WIMG) {{
-            const int64_t images = batch - n0 < WIMG ? batch - n0 : WIMG, tiles = images * (WTH * WTW);
-            const int64_t groups = (tiles + WNB - 1) / WNB;
-            #pragma omp for schedule(static)
-            for (int64_t q = 0; q < images * C * WTH; q++)
-                wino_input_row(X + n0 * C * (H * W), q / (C * WTH), q / WTH % C, q % WTH, tiles, V);
-            #pragma omp for schedule(static)
-            for (int64_t item = 0; item < groups * mblocks; item++) {{
-                const int64_t g = item / mblocks, m0 = (item % mblocks) * WMC;
-                const int64_t mc = OC - m0 < WMC ? OC - m0 : WMC;
-                for (int64_t k0 = 0; k0 < C; k0 += WKC) {{
-                    const int64_t kc = C - k0 < WKC ? C - k0 : WKC;
-                    const float *ub = U + 16 * WOCP * k0 + m0 * kc;
-                    const float *vb = V + 16 * WNP * 16 * k0 + g * WNB * kc;
-                    for (int64_t xi = 0; xi < 16; xi++)
-                        gemm_macro(mc, WNB, kc, ub + xi * WOCP * kc, vb + xi * WNP * 16 * kc,
-                                   mb + xi * WMC * WNB, WNB, k0 > 0);
-                }}
-                for (int64_t m = 0; m < mc; m++) {{
-                    const int64_t oc = m0 + m;
-                    const float bias = Bv[oc];
-                    float ob[2][2 * WNB] __attribute__((aligned(64)));
-                    wino_output(mb + m * WNB, ob);
-                    /* the group's tiles, one run per tile row: two output rows of 2 * len columns */
-                    for (int64_t l = 0; l < WNB; ) {{
-                        const int64_t tile = g * WNB + l;
-                        if (tile >= tiles) break;
-                        const int64_t nn = n0 + tile / (WTH * WTW), ty = tile % (WTH * WTW) / WTW, tx = tile % WTW;
-                        float *y = Y + (nn * OC + oc) * (OH * OW);
-                        const float *res = R + (nn * OC + oc) * (OH * OW); (void)res;
-                        int64_t len = WTW - tx < WNB - l ? WTW - tx : WNB - l;
-                        const int64_t ow0 = 2 * tx, cols = 2 * len < OW - ow0 ? 2 * len : OW - ow0;
-                        for (int64_t a = 0; a < 2 && 2 * ty + a < OH; a++) {{
-                            const int64_t base = (2 * ty + a) * OW + ow0;
-                            const float *src = ob[a] + 2 * l;
-                            for (int64_t j = 0; j < cols; j++) {{
-                                const int64_t i = base + j;
-                                const float v = src[j];
-                                y[i] = {ep};
-                            }}
-                        }}
-                        l += len;
-                    }}
-                }}
+        int64_t vg = -1;  /* the group whose V is in vl */
+        #pragma omp for schedule(static)
+        for (int64_t item = 0; item < groups * mblocks; item++) {{
+            const int64_t g = item / mblocks, m0 = (item % mblocks) * WMC;
+            const int64_t mc = OC - m0 < WMC ? OC - m0 : WMC;
+            const int64_t t0 = g * WNB, nt = tiles - t0 < WNB ? tiles - t0 : WNB, nc = (nt + 15) / 16 * 16;
+            for (int64_t k0 = 0; k0 < C; k0 += WKC) {{
+                const int64_t kc = C - k0 < WKC ? C - k0 : WKC;
+                float *vb = vl + 16 * WNB * k0;
+                if (g != vg) wino_input_group(X, t0, nt, k0, kc, vb);
+                const float *ub = U + 16 * WOCP * k0 + m0 * kc;
+                for (int64_t xi = 0; xi < 16; xi++)
+                    gemm_macro(mc, nc, kc, ub + xi * WOCP * kc, vb + xi * WNB * kc, mb + xi * WMC * WNB, WNB,
+                               k0 > 0);
             }}
+            vg = g;
+            for (int64_t m = 0; m < mc; m++)
+                wino_store(mb + m * WNB, t0, nt, nc, m0 + m, Bv, R, Y);
         }}
     }}
 """
 
 
-#: Helpers of the body: the input transform of one (channel, tile row), the output transform.
-WINOGRAD_HELPERS = r"""
+_HELPERS = r"""
 typedef int32_t v8si __attribute__((vector_size(32)));
 #pragma GCC push_options
-#pragma GCC optimize("fp-contract=fast")
-/* V of image im (of the chunk at x), channel c, tile row ty: the four input rows split into even
-   and odd columns (column k of phase ph is input column 2k + ph - PL, zero outside the image), so
-   tap (r, s) of tile tx is phase s & 1 at column tx + (s >> 1); computed along the row, then copied
-   into the packed panels (tap xi, channel c, tile t of the chunk at
-   V + 16*WNP*16*k0 + ((xi*WNP + t/16)*kc + c - k0)*16 + t%16, where t = (im*WTH + ty)*WTW + tx). */
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-static void wino_input_row(const float *x, int64_t im, int64_t c, int64_t ty, int64_t tiles, float *V) {
-    x += im * C * (H * W);
+/* no-tree-loop-distribute-patterns: the short copies of a run (16 taps of at most 16 lanes) would
+   otherwise become memcpy calls and rep movs, slower than the transform itself */
+#pragma GCC optimize("fp-contract=fast", "no-tree-loop-distribute-patterns")
+/* V of tiles tx0 .. tx0 + len - 1 of tile row ty of one channel plane xc: the four input rows split
+   into even and odd columns (column k of phase ph is input column 2k + ph - PL, zero outside the
+   image; kept from column tx0 on), so tap (r, s) of tile tx is phase s & 1 at column tx + (s >> 1);
+   computed along the run, then stored as lanes lane0 .. of the group's panels (tap xi, lane l at
+   vc[xi * WNB * kc + (l / 16) * kc * 16 + l % 16], vc already at the channel's row). */
+static inline __attribute__((always_inline)) void wino_input_run(const float *xc, int64_t ty, int64_t tx0,
+                                                                 int64_t len, int64_t lane0, int64_t kc, float *vc) {
     float ph[4][2][WQ + 1];
-    float v[16][WTW];
-    /* interior columns [klo, khi): both phases inside the image, no condition (vectorises) */
-    const int64_t klo = (PL + 1) / 2, khi0 = (W - 1 + PL) / 2, khi = khi0 < WQ ? khi0 : WQ;
+    float v[16][WTW + 8];  /* + 8: whole vectors are read past a run's end */
+    /* interior columns [lo, hi): both phases inside the image, no condition (vectorises) */
+    const int64_t k1 = tx0 + len + 1, klo = (PL + 1) / 2, khi = (W - 1 + PL) / 2;
+    const int64_t lo = klo > tx0 ? klo : tx0, hi = khi < k1 ? khi : k1;
     for (int64_t r = 0; r < 4; r++) {
         const int64_t ih = 2 * ty - PT + r;
-        float *e = ph[r][0], *o = ph[r][1];
+        float *e = ph[r][0] - tx0, *o = ph[r][1] - tx0;
         if (ih < 0 || ih >= H) {
-            for (int64_t k = 0; k <= WQ; k++) e[k] = o[k] = 0.0f;
+            for (int64_t k = tx0; k < k1; k++) e[k] = o[k] = 0.0f;
             continue;
         }
-        const float *xr = x + (c * H + ih) * W;
-        for (int64_t k = 0; k < WQ; k++) {
-            if (k == klo && klo < khi) {
-                for (; k < khi; k++) { e[k] = xr[2 * k - PL]; o[k] = xr[2 * k + 1 - PL]; }
-                if (k >= WQ) break;
+        const float *xr = xc + ih * W;
+        for (int64_t k = tx0; k < k1; k++) {
+            if (k == lo && lo < hi) {
+                for (; k < hi; k++) { e[k] = xr[2 * k - PL]; o[k] = xr[2 * k + 1 - PL]; }
+                if (k >= k1) break;
             }
             const int64_t i0 = 2 * k - PL, i1 = i0 + 1;
             e[k] = i0 >= 0 && i0 < W ? xr[i0] : 0.0f;
             o[k] = i1 >= 0 && i1 < W ? xr[i1] : 0.0f;
         }
     }
-    for (int64_t tx = 0; tx < WTW; tx++) {
+    for (int64_t tx = 0; tx < len; tx++) {
 #define WD(r, s) ph[r][(s) & 1][tx + ((s) >> 1)]
         INPUT_TRANSFORM
 #undef WD
     }
-    const int64_t k0 = c / WKC * WKC, kc = C - k0 < WKC ? C - k0 : WKC;
-    float *vc = V + 16 * WNP * 16 * k0 + (c - k0) * 16;
-    for (int64_t tx = 0; tx < WTW; ) {
-        const int64_t t = (im * WTH + ty) * WTW + tx, lane = t % 16;
-        const int64_t len = 16 - lane < WTW - tx ? 16 - lane : WTW - tx;
-        float *dst = vc + (t / 16) * kc * 16 + lane;
-        if (len == 16) {
-            for (int64_t xi = 0; xi < 16; xi++, dst += WNP * kc * 16) {
-                st8(dst, ld8(&v[xi][tx])); st8(dst + 8, ld8(&v[xi][tx + 8]));
-            }
-        } else {
-            for (int64_t xi = 0; xi < 16; xi++, dst += WNP * kc * 16)
-                for (int64_t q = 0; q < len; q++) dst[q] = v[xi][tx + q];
+    for (int64_t j = 0; j < len; ) {
+        const int64_t lane = lane0 + j, run = 16 - lane % 16 < len - j ? 16 - lane % 16 : len - j;
+        float *dst = vc + (lane / 16) * kc * 16 + lane % 16;
+        /* whole vectors while they stay inside the panel: lanes past the run are rewritten by the
+           group's next run (the same panel row, later) or zeroed at the end */
+        const int64_t vec = 16 - lane % 16 >= 8 * ((run + 7) / 8) ? (run + 7) / 8 * 8 : run / 8 * 8;
+        for (int64_t xi = 0; xi < 16; xi++, dst += WNB * kc) {
+            for (int64_t q = 0; q < vec; q += 8) st8(dst + q, ld8(&v[xi][j + q]));
+            for (int64_t q = vec; q < run; q++) dst[q] = v[xi][j + q];
         }
-        tx += len;
+        j += run;
     }
-    /* zeros from the last tile to the end of its work item (the rest is never read): finite padding */
-    if ((im + 1) * WTH * WTW == tiles && ty == WTH - 1)
-        for (int64_t t = tiles; t < (tiles + WNB - 1) / WNB * WNB; t++)
-            for (int64_t xi = 0; xi < 16; xi++) vc[(xi * WNP + t / 16) * kc * 16 + t % 16] = 0.0f;
 }
 
-/* Y = A^T M A of one output channel's WNB tiles (tap xi of tile l at m[xi * WMC * WNB + l]), as two
-   output rows: ob[a][2 * l + b] is output (2 * ty + a, 2 * tx + b) of tile l. */
+/* V of the group's nt tiles (from tile t0 of the batch: image, tile row, tile column in that order),
+   channels k0 .. k0 + kc - 1, into vb in gemm_macro's packed B layout (per tap, WNB / 16 panels of
+   kc x 16), one run per tile row; the lanes after the last tile up to its panel's end are zeros. */
 __attribute__((target_clones("arch=x86-64-v3", "default")))
-static void wino_output(const float *m, float ob[2][2 * WNB]) {
-    for (int64_t l = 0; l < WNB; l += 8) {
+static void wino_input_group(const float *X, int64_t t0, int64_t nt, int64_t k0, int64_t kc, float *vb) {
+    for (int64_t t = t0; t < t0 + nt; ) {
+        const int64_t nn = t / (WTH * WTW), ty = t % (WTH * WTW) / WTW, tx = t % WTW;
+        const int64_t len = WTW - tx < t0 + nt - t ? WTW - tx : t0 + nt - t;
+        const float *xn = X + (nn * C + k0) * (H * W);
+        for (int64_t c = 0; c < kc; c++)
+            wino_input_run(xn + c * (H * W), ty, tx, len, t - t0, kc, vb + c * 16);
+        t += len;
+    }
+    for (int64_t l = nt; l < (nt + 15) / 16 * 16; l++)
+        for (int64_t xi = 0; xi < 16; xi++)
+            for (int64_t c = 0; c < kc; c++) vb[xi * WNB * kc + (l / 16) * kc * 16 + c * 16 + l % 16] = 0.0f;
+}
+
+/* Y = A^T M A of one output channel's first n tiles (tap xi of tile l at m[xi * WMC * WNB + l]), as
+   two output rows: ob[a][2 * l + b] is output (2 * ty + a, 2 * tx + b) of tile l. */
+static inline __attribute__((always_inline)) void wino_output(const float *m, int64_t n, float ob[2][2 * WNB]) {
+    for (int64_t l = 0; l < n; l += 8) {
 #define WM(r, s) ld8(m + ((r) * 4 + (s)) * WMC * WNB + l)
         const v8sf u00 = WM(0, 0) + WM(1, 0) + WM(2, 0), u10 = WM(1, 0) - WM(2, 0) - WM(3, 0);
         const v8sf u01 = WM(0, 1) + WM(1, 1) + WM(2, 1), u11 = WM(1, 1) - WM(2, 1) - WM(3, 1);
@@ -277,5 +280,42 @@ static void wino_output(const float *m, float ob[2][2 * WNB]) {
         st8(ob[1] + 2 * l, __builtin_shuffle(y10, y11, lo)); st8(ob[1] + 2 * l + 8, __builtin_shuffle(y10, y11, hi));
     }
 }
+
+/* Output channel oc of the group's nt tiles from t0 (M of its first nc tiles at m): the output
+   transform, then bias, residual and activation, one run per tile row (two output rows of 2 * len
+   columns), in the AVX2 clone where the machine has it. */
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void wino_store(const float *m, int64_t t0, int64_t nt, int64_t nc, int64_t oc, const float *Bv,
+                       const float *R, float *Y) {
+    float ob[2][2 * WNB] __attribute__((aligned(64)));
+    wino_output(m, nc, ob);
+    const float bias = Bv[oc];
+    for (int64_t l = 0; l < nt; ) {
+        const int64_t tile = t0 + l;
+        const int64_t nn = tile / (WTH * WTW), ty = tile % (WTH * WTW) / WTW, tx = tile % WTW;
+        float *y = YPLANE(nn, oc);
+        const float *res = RPLANE(nn, oc); (void)res;
+        const int64_t len = WTW - tx < nt - l ? WTW - tx : nt - l;
+        const int64_t ow0 = 2 * tx, cols = 2 * len < OW - ow0 ? 2 * len : OW - ow0;
+        for (int64_t a = 0; a < 2 && 2 * ty + a < OH; a++) {
+            const int64_t base = (2 * ty + a) * OW + ow0;
+            const float *src = ob[a] + 2 * l;
+            for (int64_t j = 0; j < cols; j++) {
+                const int64_t i = base + j;
+                const float v = src[j];
+                y[i] = EPILOGUE;
+            }
+        }
+        l += len;
+    }
+}
 #pragma GCC pop_options
 """.replace("INPUT_TRANSFORM", _input_transform())
+
+
+def winograd_helpers(epilogue: Callable[[str], str]) -> str:
+    """The body's helpers (C, after ``winograd_defs``): the input transform of one group of tiles and
+    the output store. ``epilogue(v)`` is the C expression of the output from the accumulated value
+    ``v`` (bias, residual ``res[i]`` and activation; ``i`` is the output index in the plane); output
+    and residual planes are addressed through ``YPLANE`` and ``RPLANE`` (``conv.py``)."""
+    return _HELPERS.replace("EPILOGUE", epilogue("v"))

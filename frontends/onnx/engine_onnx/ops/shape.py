@@ -294,16 +294,27 @@ def _concat(ctx, node) -> None:
     for sh in shapes:
         total_axis = total_axis + sh[axis]
     out = shapes[0][:axis] + [total_axis] + shapes[0][axis + 1:]
-    body = f"    {t} *restrict out = ({t} *)t[{len(names)}];\n"
+    # Inputs whose producers wrote them into the buffer already (concat_slices.py) are not copied.
+    fill = ctx.concat_fill(node)
+    written = fill.written if fill else frozenset()
+    copied = [j for j in range(len(names)) if j not in written]
+    if fill and not copied:
+        ctx.alias(node.output[0], fill.buffer, out)
+        return
+    starts: list[Dim] = [0]
+    for inner in inners:
+        starts.append(starts[-1] + inner)
+    body = f"    {t} *restrict out = ({t} *)t[{len(copied) + bool(fill)}];\n"
     body += f"    const int64_t width = {dim_c(dims_product([total_axis, row]))};\n"
-    body += f"    for (int64_t o = 0; o < {dim_c(outer)}; o++) {{\n        int64_t at = o * width;\n"
-    for j, inner in enumerate(inners):
-        body += (f"        memcpy(out + at, (const {t} *)t[{j}] + o * {dim_c(inner)}, (size_t){dim_c(inner)} * "
-                 f"sizeof({t}));\n        at += {dim_c(inner)};\n")
+    body += f"    for (int64_t o = 0; o < {dim_c(outer)}; o++) {{\n"
+    for k, j in enumerate(copied):
+        body += (f"        memcpy(out + o * width + {dim_c(starts[j])}, (const {t} *)t[{k}] + o * {dim_c(inners[j])}, "
+                 f"(size_t){dim_c(inners[j])} * sizeof({t}));\n")
     body += "    }\n"
     syms = tuple(symbols_of([*out, *inners]))
-    ctx.emit(KernelSpec("concat", source_with_entries("", [("concat", body)], syms), ("concat",), syms),
-             names, [(node.output[0], dtype, out)])
+    spec = KernelSpec("concat", source_with_entries("", [("concat", body)], syms), ("concat",), syms)
+    inputs = [names[j] for j in copied] + ([fill.buffer] if fill else [])
+    ctx.emit(spec, inputs, [(node.output[0], dtype, out)], in_place={0: len(copied)} if fill else None)
 
 
 @register("Split")
