@@ -18,10 +18,37 @@ from typing import Callable
 from engine_onnx.dims import Dim, dim_c
 from engine_onnx.vecmath import NO_TRAPS
 
-__all__ = ["POINTWISE", "pointwise_body"]
+__all__ = ["POINTWISE", "TILE_6X16", "pointwise_body"]
+
+#: A 6 x 16 register block (output channels x pixels) in 12 vector accumulators, one broadcast weight
+#: per channel and two 8-float pixel vectors per step: 12 independent FMA chains. An edge of fewer
+#: than 6 channels repeats the last channel's weights (``T616_WEIGHTS``); the caller writes only its
+#: own rows. Shared by ``conv_pointwise`` and ``conv_strided``; needs ``GEMM_PREAMBLE``'s ``v8sf``.
+TILE_6X16 = r"""
+#ifndef T616_STEP
+#define T616_WEIGHTS(base, k, mr) \
+    const float *w0 = (base), *w1 = w0 + ((mr) > 1 ? (k) : 0), *w2 = w0 + ((mr) > 2 ? 2 * (k) : ((mr) - 1) * (k)); \
+    const float *w3 = w0 + ((mr) > 3 ? 3 * (k) : ((mr) - 1) * (k)), *w4 = w0 + ((mr) > 4 ? 4 * (k) : ((mr) - 1) * (k)); \
+    const float *w5 = w0 + ((mr) - 1) * (k)
+#define T616_ZERO \
+    v8sf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}; \
+    v8sf c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0}
+#define T616_STEP(k, b0, b1) do { \
+    float a_ = w0[k]; c00 += a_ * (b0); c01 += a_ * (b1); \
+    a_ = w1[k]; c10 += a_ * (b0); c11 += a_ * (b1); \
+    a_ = w2[k]; c20 += a_ * (b0); c21 += a_ * (b1); \
+    a_ = w3[k]; c30 += a_ * (b0); c31 += a_ * (b1); \
+    a_ = w4[k]; c40 += a_ * (b0); c41 += a_ * (b1); \
+    a_ = w5[k]; c50 += a_ * (b0); c51 += a_ * (b1); } while (0)
+#define T616_STORE(tile) do { \
+    st8((tile), c00); st8((tile) + 8, c01); st8((tile) + 16, c10); st8((tile) + 24, c11); \
+    st8((tile) + 32, c20); st8((tile) + 40, c21); st8((tile) + 48, c30); st8((tile) + 56, c31); \
+    st8((tile) + 64, c40); st8((tile) + 72, c41); st8((tile) + 80, c50); st8((tile) + 88, c51); } while (0)
+#endif
+"""
 
 #: The tile routine; needs the Conv's geometry macros and ``GEMM_PREAMBLE`` (``v8sf``, ``gemm_grid``).
-POINTWISE = r"""
+POINTWISE = TILE_6X16 + r"""
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
 """ + NO_TRAPS + r"""#define PW_MR 6
@@ -35,14 +62,10 @@ static void pw_tile(int64_t nn, int64_t g, int64_t m0, int64_t m1, int64_t p0, i
     float edge[PW_NR] __attribute__((aligned(32)));
     for (int64_t m = m0; m < m1; m += PW_MR) {
         const int64_t mr = m1 - m < PW_MR ? m1 - m : PW_MR;
-        const float *w0 = Wt + (g * OCG + m) * CG;
-        const float *w1 = w0 + (mr > 1 ? CG : 0), *w2 = w0 + (mr > 2 ? 2 * CG : (mr - 1) * CG);
-        const float *w3 = w0 + (mr > 3 ? 3 * CG : (mr - 1) * CG), *w4 = w0 + (mr > 4 ? 4 * CG : (mr - 1) * CG);
-        const float *w5 = w0 + (mr - 1) * CG;
+        T616_WEIGHTS(Wt + (g * OCG + m) * CG, CG, mr);
         for (int64_t p = p0; p < p1; p += PW_NR) {
             const int64_t nr = p1 - p < PW_NR ? p1 - p : PW_NR;
-            v8sf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
-            v8sf c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
+            T616_ZERO;
             const float *xp = x + p;
             for (int64_t k = 0; k < CG; k++, xp += OH * OW) {
                 v8sf b0, b1;
@@ -52,16 +75,9 @@ static void pw_tile(int64_t nn, int64_t g, int64_t m0, int64_t m1, int64_t p0, i
                     for (int64_t j = 0; j < PW_NR; j++) edge[j] = j < nr ? xp[j] : 0.0f;
                     b0 = ld8(edge); b1 = ld8(edge + 8);
                 }
-                float a = w0[k]; c00 += a * b0; c01 += a * b1;
-                a = w1[k]; c10 += a * b0; c11 += a * b1;
-                a = w2[k]; c20 += a * b0; c21 += a * b1;
-                a = w3[k]; c30 += a * b0; c31 += a * b1;
-                a = w4[k]; c40 += a * b0; c41 += a * b1;
-                a = w5[k]; c50 += a * b0; c51 += a * b1;
+                T616_STEP(k, b0, b1);
             }
-            st8(tile, c00); st8(tile + 8, c01); st8(tile + 16, c10); st8(tile + 24, c11);
-            st8(tile + 32, c20); st8(tile + 40, c21); st8(tile + 48, c30); st8(tile + 56, c31);
-            st8(tile + 64, c40); st8(tile + 72, c41); st8(tile + 80, c50); st8(tile + 88, c51);
+            T616_STORE(tile);
             for (int64_t r = 0; r < mr; r++) {
                 const int64_t oc = g * OCG + m + r;
                 const float bias = Bv[oc];

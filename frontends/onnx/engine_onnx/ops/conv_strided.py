@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 from engine_onnx.codegen import OMP_INCLUDE, thread_share
 from engine_onnx.dims import Dim, dim_c
+from engine_onnx.ops.conv_pointwise import TILE_6X16
 from engine_onnx.vecmath import NO_TRAPS
 
 __all__ = ["MAX_BUFFER_FLOATS", "MAX_CHANNELS", "MAX_TAPS", "strided_body", "strided_eligible"]
@@ -85,7 +86,7 @@ def strided_eligible(kernel: Sequence[int], strides: Sequence[int], dil: Sequenc
     return _rows_per_group(c, kh, kw, strides[0], strides[1], dil[0], dil[1], out[0], out[1]) > 0
 
 
-_SOURCE = r"""
+_SOURCE = TILE_6X16 + r"""
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
 """ + NO_TRAPS + r"""#define CS_MR 6
@@ -138,32 +139,21 @@ static void cs_groups(int64_t lo, int64_t hi, const float *X, const float *Wt, c
         cs_fill(X + nn * (C * H * W), oh0, rb, buf);
         for (int64_t m = 0; m < OC; m += CS_MR) {
             const int64_t mr = OC - m < CS_MR ? OC - m : CS_MR;
-            const float *w0 = Wt + m * KC;
-            const float *w1 = w0 + (mr > 1 ? KC : 0), *w2 = w0 + (mr > 2 ? 2 * KC : (mr - 1) * KC);
-            const float *w3 = w0 + (mr > 3 ? 3 * KC : (mr - 1) * KC);
-            const float *w4 = w0 + (mr > 4 ? 4 * KC : (mr - 1) * KC), *w5 = w0 + (mr - 1) * KC;
+            T616_WEIGHTS(Wt + m * KC, KC, mr);
             /* the group's rows one after the other: each output plane is written as one run */
             for (int64_t r = 0; r < rb; r++) {
                 const float *row = buf + r * SH * CS_WQ;
                 const int64_t pix = (oh0 + r) * OW;
                 for (int64_t ow = 0; ow < OW; ow += CS_NR) {
                     const int64_t nr = OW - ow < CS_NR ? OW - ow : CS_NR;
-                    v8sf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
-                    v8sf c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
+                    T616_ZERO;
                     const float *b = row + ow;
                     for (int64_t k = 0; k < KC; k++) {
                         const float *bk = b + cs_toff[k];
                         const v8sf b0 = ld8(bk), b1 = ld8(bk + 8);
-                        float a = w0[k]; c00 += a * b0; c01 += a * b1;
-                        a = w1[k]; c10 += a * b0; c11 += a * b1;
-                        a = w2[k]; c20 += a * b0; c21 += a * b1;
-                        a = w3[k]; c30 += a * b0; c31 += a * b1;
-                        a = w4[k]; c40 += a * b0; c41 += a * b1;
-                        a = w5[k]; c50 += a * b0; c51 += a * b1;
+                        T616_STEP(k, b0, b1);
                     }
-                    st8(tile, c00); st8(tile + 8, c01); st8(tile + 16, c10); st8(tile + 24, c11);
-                    st8(tile + 32, c20); st8(tile + 40, c21); st8(tile + 48, c30); st8(tile + 56, c31);
-                    st8(tile + 64, c40); st8(tile + 72, c41); st8(tile + 80, c50); st8(tile + 88, c51);
+                    T616_STORE(tile);
                     for (int64_t q = 0; q < mr; q++) {
                         const int64_t oc = m + q;
                         const float bias = Bv[oc];
