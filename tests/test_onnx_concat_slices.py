@@ -60,12 +60,14 @@ def _check_every_candidate(model, x_shape, batches=(1, 3)):
     graph = engine_onnx.convert(model).build()
     entries = candidate_entries(graph)
     outputs = [o.name for o in model.graph.output]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    inputs = {batch: np.random.default_rng(batch).standard_normal((batch, *x_shape)).astype(np.float32)
+              for batch in batches}
+    expected_at = {batch: sess.run(None, {"x": x}) for batch, x in inputs.items()}
     for i in range(max(len(e) for e in entries)):
         for batch in batches:
             graph.dispatch_table.record((batch,), tuple(min(i, len(e) - 1) for e in entries))
-            x = np.random.default_rng(batch).standard_normal((batch, *x_shape)).astype(np.float32)
-            sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-            expected = sess.run(None, {"x": x})
+            x, expected = inputs[batch], expected_at[batch]
             actual = [t.numpy() for t in graph.run_async([x])]
             for name, a, e in zip(outputs, actual, expected):
                 np.testing.assert_allclose(a, e, rtol=RTOL, atol=RTOL * float(np.abs(e).max()),

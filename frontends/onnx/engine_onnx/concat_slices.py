@@ -74,9 +74,9 @@ class ConcatSlices:
         if names.count(name) != 1 or axis % len(shape) != 1:
             return None
         sizes = [ctx.static_size(n, 1) for n in names]
-        if any(s is None for s in sizes) or sizes[names.index(name)] != shape[1]:
-            return None
         pos = names.index(name)
+        if any(s is None for s in sizes) or sizes[pos] != shape[1]:
+            return None
         out = node.output[0]
         previous = self._fills.get(out)
         fresh = f"{out}#slices{ctx.next_id()}"

@@ -118,7 +118,7 @@ class Lowering:
         self._pending: dict[str, Deferred] = {}
         self._consumers: dict[str, list[onnx.NodeProto]] = {}
         self._counter = 0
-        self.concat_slices = ConcatSlices()
+        self._concat_slices = ConcatSlices()
         self.outputs = [o.name for o in self.graph.output]
         self._declared = {vi.name: vi for vi in [*self.graph.value_info, *self.graph.output, *self.graph.input]}
         for node in self.graph.node:
@@ -270,11 +270,11 @@ class Lowering:
     def take_concat_slice(self, name: str, dtype: np.dtype, shape: Sequence[Dim]) -> ConcatSlice | None:
         """Where the producer of ``name`` writes when a channel Concat is its only reader
         (``concat_slices``); None when it writes a tensor of its own. The caller must emit next."""
-        return self.concat_slices.take(self, name, dtype, shape)
+        return self._concat_slices.take(self, name, dtype, shape)
 
     def concat_fill(self, node: onnx.NodeProto) -> ConcatFill | None:
         """The buffer producers have written for Concat ``node``, if any."""
-        return self.concat_slices.fill(node)
+        return self._concat_slices.fill(node)
 
     def mark_sliced(self, name: str, dtype: np.dtype, shape: Sequence[Dim]) -> None:
         """``name`` is written into its Concat's buffer (``concat_slices``): its shape stays known,
