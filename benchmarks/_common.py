@@ -113,8 +113,14 @@ def calibrate(fn: Callable[[], Any], target_s: float) -> int:
 
 
 def interleaved(cases: Mapping[str, Callable[[], Any]], *, rounds: int, round_s: float,
-                warmup: int = 3) -> dict[str, Timing]:
-    """Time every case once per round, alternating the order each round; ``round_s`` per sample."""
+                warmup: int = 3, settle_s: float = 0.0) -> dict[str, Timing]:
+    """Time every case once per round, alternating the order each round; ``round_s`` per sample.
+
+    ``settle_s`` > 0: before each sample, sleep that long, then call the case ``warmup`` times
+    untimed. For cases that keep threads of their own busy after they return (a runtime's thread
+    pool spinning for work), so that no sample pays for the previous case's threads: each case is
+    measured as it runs alone, in its steady state.
+    """
     for fn in cases.values():
         for _ in range(warmup):
             fn()
@@ -124,6 +130,10 @@ def interleaved(cases: Mapping[str, Callable[[], Any]], *, rounds: int, round_s:
         order = names if r % 2 == 0 else names[::-1]
         for name in order:
             t = timings[name]
+            if settle_s > 0:
+                time.sleep(settle_s)
+                for _ in range(warmup):
+                    cases[name]()
             t.samples.append(_loop(cases[name], t.inner))
     return timings
 
@@ -184,7 +194,7 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "loadavg_1min_end": loadavg(),
         "git_commit": (_git("rev-parse", "--short", "HEAD") or "?"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "engine", "plugins")),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "engine", "plugins", "frontends", "benchmarks")),
     }
     try:
         import onnxruntime

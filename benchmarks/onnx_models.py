@@ -15,6 +15,11 @@ reported (printed and in the results' notes) and the others still run. For each 
 
 Outputs must agree (``|engine - ort| <= 1e-4 |ort| + 1e-4 max|ort|``) before anything is timed.
 Cases are interleaved round by round; the ratio engine / ORT uses the minimum over rounds.
+Before each sample the benchmark sleeps ``--settle-ms`` (default 200) and makes two untimed calls:
+both runtimes keep their threads spinning for work after a call returns (ORT's pool for tens of
+milliseconds, OpenMP's for a few), and without the pause the first calls of a sample share the
+cores with the other runtime's spinning threads. ``--settle-ms 0`` measures that way (the method
+of the tables before 2026-12-03), each runtime's first calls after the other's included.
 Conversion time is measured for each model cold (an empty kernel cache: every compiler run
 included) and warm (the same model again, every kernel a cache hit).
 
@@ -77,7 +82,7 @@ def model_inputs(name: str, model, batch: int) -> dict:
     return {zoo.graph_inputs(model)[0].name: x}
 
 
-def bench_model(name: str, *, rounds: int, round_s: float) -> list[dict]:
+def bench_model(name: str, *, rounds: int, round_s: float, settle_s: float) -> list[dict]:
     import numpy as np
     import onnxruntime as ort
     import engine_onnx
@@ -107,7 +112,7 @@ def bench_model(name: str, *, rounds: int, round_s: float) -> list[dict]:
         if not np.all(err <= TOL * np.abs(ref) + TOL * np.abs(ref).max()):
             C.fail(f"{name} batch {batch}: engine and onnxruntime disagree (max abs difference {err.max():.3g})")
         t = C.interleaved({"engine": lambda: graph.run_async(xs), "ort": lambda: sess.run(None, feeds)},
-                          rounds=rounds, round_s=round_s, warmup=2)
+                          rounds=rounds, round_s=round_s, warmup=2, settle_s=settle_s)
         rows.append({"model": name, "batch": batch, "engine_ms": round(t["engine"].min * 1e3, 3),
                      "ort_ms": round(t["ort"].min * 1e3, 3), "ratio": round(t["engine"].min / t["ort"].min, 3),
                      "engine_median_ms": round(t["engine"].median * 1e3, 3),
@@ -124,6 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--models", nargs="+", choices=(*zoo.LIGHT_MODELS, *TORCH_MODELS), metavar="NAME")
     ap.add_argument("--threads", type=int, default=None,
                     help=f"threads for both runtimes (default: ENGINE_CPU_NUM_THREADS, else the {THREADS} cores)")
+    ap.add_argument("--settle-ms", type=float, default=200.0,
+                    help="pause before each sample, so the other runtime's threads are idle (0: none)")
     args = ap.parse_args(argv)
     threads = args.threads or int(os.environ.get("ENGINE_CPU_NUM_THREADS") or THREADS)
     # Read when the CPU plugin is created and when OpenMP starts, both later than this.
@@ -135,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name in names:
         print(f"{name} ...", flush=True)
         try:
-            rows.extend(bench_model(name, rounds=rounds, round_s=round_s))
+            rows.extend(bench_model(name, rounds=rounds, round_s=round_s, settle_s=args.settle_ms / 1e3))
         except UnsupportedModelError as exc:  # reported, not measured; the other models still run
             print(f"{name}: not converted: {exc}", flush=True)
             refused.append(f"{name}: not converted: {exc}")
@@ -163,6 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
     C.write_results(NAME + ("" if threads == THREADS else f".t{threads}"), quick=args.quick, params={"threads": int(os.environ["ENGINE_CPU_NUM_THREADS"]),
                                                       "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
                                                       "batches": list(BATCHES), "rounds": rounds,
+                                                      "settle_ms": args.settle_ms,
                                                       "models": list(names)},
                     rows=rows, summary=summary,
                     notes=["light models with seeded random weights, batch made generic (zoo.batch_generalised)",
