@@ -1,11 +1,12 @@
-"""The Winograd F(2x2, 3x3) Conv candidate ``conv_winograd`` gives ONNX Runtime's result, and is
-offered exactly for the geometries it computes (3x3, stride 1, dilation 1, one group, a constant
-weight, at least ``MIN_CHANNELS`` input channels).
+"""The Winograd Conv candidates ``conv_winograd`` (F(2x2, 3x3)) and ``conv_winograd4`` (F(4x4, 3x3))
+give ONNX Runtime's result, and are offered exactly for the geometries they compute (3x3, stride 1,
+dilation 1, one group, a constant weight, at least ``MIN_CHANNELS`` input channels; F(4x4) up to a
+transformed weight of ``MAX_WEIGHT4_BYTES``).
 
 The candidate is forced through the public dispatch table (``graph.dispatch_table.record``) at
 each batch, so it is checked whether or not the tuner would pick it on this machine. The shapes
-are chosen against the kernel's blocking: 2x2 output tiles (odd sizes leave partial tiles at the
-right and bottom), 16-tile panels that straddle tile rows and images, work items of one or two panels
+are chosen against the kernel's blocking: 2x2 or 4x4 output tiles (odd sizes leave partial tiles at
+the right and bottom), 16-tile panels that straddle tile rows and images, work items of one or two panels
 running over the whole batch's tiles (so they start and end mid-row and mid-image), input channels in
 blocks of at most 128 (C = 300 and 512 cross block boundaries), output channels in blocks of at
 most 48 rows of 6-row panels (OC not a multiple of 6 or 16), a symbolic batch.
@@ -25,11 +26,17 @@ from onnx import TensorProto, helper  # noqa: E402
 
 import engine_onnx  # noqa: E402
 from onnx_support import candidate_entries, ort_output, random_initializer  # noqa: E402
-from engine_onnx.ops.conv_winograd import MIN_CHANNELS, winograd_defs  # noqa: E402
+from engine_onnx.ops.conv_winograd import MAX_WEIGHT4_BYTES, MIN_CHANNELS, winograd_defs  # noqa: E402
 
 ort.set_default_logger_severity(3)
 RTOL = 1e-4
-ENTRY = "conv_winograd"
+ENTRIES = ("conv_winograd", "conv_winograd4")
+TILE = {"conv_winograd": 2, "conv_winograd4": 4}
+
+
+@pytest.fixture(params=ENTRIES)
+def entry(request) -> str:
+    return request.param
 
 
 def _model(nodes, x_shape, y_shape, inits, extra_inputs=()):
@@ -40,13 +47,13 @@ def _model(nodes, x_shape, y_shape, inits, extra_inputs=()):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _check_winograd(model, x_shape, batches=(1, 3)):
-    """Forces ``conv_winograd`` on every task that offers it (candidate 0 elsewhere) at each batch
-    and compares with ONNX Runtime; returns the tasks' entry names."""
+def _check_winograd(model, x_shape, entry, batches=(1, 3)):
+    """Forces ``entry`` on every task that offers it (candidate 0 elsewhere) at each batch and
+    compares with ONNX Runtime; returns the tasks' entry names."""
     graph = engine_onnx.convert(model).build()
     entries = candidate_entries(graph)
-    assert any(ENTRY in e for e in entries), entries
-    choice = tuple(e.index(ENTRY) if ENTRY in e else 0 for e in entries)
+    assert any(entry in e for e in entries), entries
+    choice = tuple(e.index(entry) if entry in e else 0 for e in entries)
     for batch in batches:
         graph.dispatch_table.record((batch,), choice)
         x = np.random.default_rng(batch).standard_normal((batch, *x_shape)).astype(np.float32)
@@ -82,38 +89,44 @@ GEOMETRIES = {
 
 
 @pytest.mark.parametrize("name", sorted(GEOMETRIES))
-def test_winograd_matches_onnxruntime(name):
+def test_winograd_matches_onnxruntime(name, entry):
     c, h, w, oc, pads = GEOMETRIES[name]
     model = _conv_model(c, h, w, oc, pads, seed=len(name))
-    (entries,) = _check_winograd(model, [c, h, w])
-    assert entries.index(ENTRY) > entries.index("conv_implicit")  # appended: earlier indices kept
+    (entries,) = _check_winograd(model, [c, h, w], entry)
+    assert entries.index(entry) > entries.index("conv_implicit")  # appended: earlier indices kept
+    assert entries[-1] == "conv_winograd4"  # the last one appended
 
 
-def test_winograd_over_chunks_of_small_images():
+def test_winograd_over_chunks_of_small_images(entry):
     """Small images are transformed several at a time (their tiles share panels): batches of a
     whole chunk, more than one chunk, and a partial last chunk."""
     model = _conv_model(11, 7, 7, 17, [0, 0, 0, 0], seed=7)
-    _check_winograd(model, [11, 7, 7], batches=(14, 17, 30))
+    _check_winograd(model, [11, 7, 7], entry, batches=(14, 17, 30))
 
 
-def _defines(c, oc, oh, ow) -> dict[str, int]:
-    lines = [line.split() for line in winograd_defs(c, oc, oh, ow).splitlines()]
-    return {name: int(value) for _, name, value in lines}
+def _defines(c, oc, oh, ow, entry="conv_winograd") -> dict[str, int]:
+    """The geometry defines of ``entry``, by their F(2x2) names."""
+    lines = [line.split() for line in winograd_defs(c, oc, oh, ow, m=TILE[entry]).splitlines()]
+    return {name.removesuffix("4") if entry.endswith("4") else name: int(value) for _, name, value in lines}
 
 
-@pytest.mark.parametrize("c, h, w, oc, batches", [
-    (16, 13, 13, 50, (8, 5)),    # 49 tiles an image, 32-tile work items straddling images
-    (12, 7, 9, 20, (8, 7)),      # 16-tile work items over 20-tile images: runs of 4 and 12 lanes
-    (9, 55, 55, 13, (1, 2)),     # 28-tile rows: work items end mid-row; batch 1 ends on a 16-tile item
+@pytest.mark.parametrize("entry, c, h, w, oc, batches", [
+    ("conv_winograd", 16, 13, 13, 50, (8, 5)),    # 49 tiles an image, 32-tile work items straddling images
+    ("conv_winograd", 12, 7, 9, 20, (8, 7)),      # 16-tile work items over 20-tile images: runs of 4 and 12 lanes
+    ("conv_winograd", 9, 55, 55, 13, (1, 2)),     # 28-tile rows: work items end mid-row; batch 1 ends on a 16-tile item
+    ("conv_winograd4", 16, 21, 21, 50, (8, 5)),   # 36 tiles an image, 16-tile work items straddling images
+    ("conv_winograd4", 12, 7, 9, 20, (8, 7)),     # 6-tile images, several in one work item
+    ("conv_winograd4", 9, 55, 55, 13, (1, 2)),    # 14-tile rows, 32-tile work items end mid-row
 ])
-def test_winograd_work_items_span_images(c, h, w, oc, batches):
+def test_winograd_work_items_span_images(entry, c, h, w, oc, batches):
     """A work item is a run of consecutive tiles of the whole batch (image, tile row, tile column)
     and may begin or end mid-row or mid-image; batches that end on a partial item and partial panel."""
-    wnb = _defines(c, oc, h, w)["WNB"]
-    tiles = -(-h // 2) * -(-w // 2)
+    wnb = _defines(c, oc, h, w, entry)["WNB"]
+    m = TILE[entry]
+    tiles = -(-h // m) * -(-w // m)
     assert tiles % wnb  # items do straddle images (and rows)
     model = _conv_model(c, h, w, oc, [1, 1, 1, 1], seed=c + h)
-    _check_winograd(model, [c, h, w], batches=batches)
+    _check_winograd(model, [c, h, w], entry, batches=batches)
 
 
 @pytest.mark.parametrize("c, h, w, oc, in_workspace", [
@@ -127,15 +140,27 @@ def test_winograd_transformed_input_buffer(c, h, w, oc, in_workspace):
     defines = _defines(c, oc, h, w)
     assert defines["WVWS"] == in_workspace and defines["WKC"] < c and defines["WNB"] == 16
     model = _conv_model(c, h, w, oc, [1, 1, 1, 1], seed=c)
-    _check_winograd(model, [c, h, w], batches=(1, 3))
+    _check_winograd(model, [c, h, w], "conv_winograd", batches=(1, 3))
 
 
-def test_winograd_without_bias_or_activation():
+@pytest.mark.parametrize("c, h, w, oc, in_workspace", [
+    (100, 14, 14, 40, 0),   # 36 taps: V of 100 channels fits the stack only with 16-tile work items
+    (300, 9, 9, 40, 1),     # V of 300 channels does not: each thread's V in its slot of the workspace
+])
+def test_winograd4_transformed_input_buffer(c, h, w, oc, in_workspace):
+    """F(4x4)'s 36 taps fill the thread's buffer 2.25x sooner: the same two places for ``V``."""
+    defines = _defines(c, oc, h, w, "conv_winograd4")
+    assert defines["WVWS"] == in_workspace and defines["WNB"] == 16
+    model = _conv_model(c, h, w, oc, [1, 1, 1, 1], seed=c)
+    _check_winograd(model, [c, h, w], "conv_winograd4", batches=(1, 3))
+
+
+def test_winograd_without_bias_or_activation(entry):
     model = _conv_model(12, 10, 11, 9, [1, 1, 1, 1], seed=5, bias=False, relu=False)
-    _check_winograd(model, [12, 10, 11])
+    _check_winograd(model, [12, 10, 11], entry)
 
 
-def test_winograd_with_folded_batchnorm_residual_add_and_relu():
+def test_winograd_with_folded_batchnorm_residual_add_and_relu(entry):
     """ResNet's block tail: Conv -> BatchNormalization (folded into the weight before the transform)
     -> Add (the residual, read in the epilogue) -> Relu, one kernel."""
     rng = np.random.default_rng(2)
@@ -149,11 +174,11 @@ def test_winograd_with_folded_batchnorm_residual_add_and_relu():
              helper.make_node("Add", ["n", "x"], ["s"]),
              helper.make_node("Relu", ["s"], ["y"])]
     model = _model(nodes, [ch, 9, 10], [ch, 9, 10], inits)
-    entries = _check_winograd(model, [ch, 9, 10], batches=(1, 3, 8))
+    entries = _check_winograd(model, [ch, 9, 10], entry, batches=(1, 3, 8))
     assert len(entries) == 1  # BN, Add and Relu fused into the Conv kernel
 
 
-def test_winograd_residual_over_work_items_straddling_images():
+def test_winograd_residual_over_work_items_straddling_images(entry):
     """The residual plane of each output tile is the one of its own image, where a work item's
     tiles belong to two images (49 tiles an image, 32-tile items) and output channels span blocks."""
     rng = np.random.default_rng(3)
@@ -163,11 +188,11 @@ def test_winograd_residual_over_work_items_straddling_images():
              helper.make_node("Add", ["x", "c"], ["s"]),
              helper.make_node("Relu", ["s"], ["y"])]
     model = _model(nodes, [ch, 13, 13], [ch, 13, 13], inits)
-    entries = _check_winograd(model, [ch, 13, 13], batches=(8, 3))
+    entries = _check_winograd(model, [ch, 13, 13], entry, batches=(8, 3))
     assert len(entries) == 1
 
 
-def _offered(c, oc, kernel, attrs, runtime_weight=False) -> bool:
+def _offered(c, oc, kernel, attrs, runtime_weight=False, entry="conv_winograd") -> bool:
     rng = np.random.default_rng(0)
     group = attrs.get("group", 1)
     w_shape = [oc, c // group, *kernel]
@@ -178,7 +203,7 @@ def _offered(c, oc, kernel, attrs, runtime_weight=False) -> bool:
     out = [d.dim_value for d in probe.graph.output[0].type.tensor_type.shape.dim][1:]
     graph = engine_onnx.convert(_model([node], [c, 12, 12], out, inits, extra)).build()
     (entries,) = candidate_entries(graph)
-    return ENTRY in entries
+    return entry in entries
 
 
 @pytest.mark.parametrize("kernel, attrs, expected", [
@@ -194,14 +219,25 @@ def _offered(c, oc, kernel, attrs, runtime_weight=False) -> bool:
     ([3, 1], {"pads": [1, 0, 1, 0]}, False),
     ([1, 1], {}, False),
 ])
-def test_winograd_is_offered_exactly_for_3x3_stride_1(kernel, attrs, expected):
-    assert _offered(16, 8, kernel, attrs) == expected
+def test_winograd_is_offered_exactly_for_3x3_stride_1(kernel, attrs, expected, entry):
+    assert _offered(16, 8, kernel, attrs, entry=entry) == expected
 
 
-def test_winograd_is_not_offered_for_a_weight_computed_at_run_time():
-    assert not _offered(16, 8, [3, 3], {"pads": [1, 1, 1, 1]}, runtime_weight=True)
+def test_winograd_is_not_offered_for_a_weight_computed_at_run_time(entry):
+    assert not _offered(16, 8, [3, 3], {"pads": [1, 1, 1, 1]}, runtime_weight=True, entry=entry)
 
 
-def test_winograd_is_not_offered_below_the_channel_floor():
-    assert not _offered(MIN_CHANNELS - 1, 8, [3, 3], {"pads": [1, 1, 1, 1]})
-    assert _offered(MIN_CHANNELS, 8, [3, 3], {"pads": [1, 1, 1, 1]})
+def test_winograd_is_not_offered_below_the_channel_floor(entry):
+    assert not _offered(MIN_CHANNELS - 1, 8, [3, 3], {"pads": [1, 1, 1, 1]}, entry=entry)
+    assert _offered(MIN_CHANNELS, 8, [3, 3], {"pads": [1, 1, 1, 1]}, entry=entry)
+
+
+def test_winograd4_is_not_offered_for_a_large_weight():
+    """F(4x4)'s transformed weight (36 floats per channel pair) is kept under ``MAX_WEIGHT4_BYTES``;
+    F(2x2) is offered at any size."""
+    pairs = MAX_WEIGHT4_BYTES // (36 * 4)
+    c = 64
+    fits, over = pairs // c, pairs // c + 1
+    assert _offered(c, fits, [3, 3], {"pads": [1, 1, 1, 1]}, entry="conv_winograd4")
+    assert not _offered(c, over, [3, 3], {"pads": [1, 1, 1, 1]}, entry="conv_winograd4")
+    assert _offered(c, over, [3, 3], {"pads": [1, 1, 1, 1]}, entry="conv_winograd")

@@ -16,7 +16,8 @@ Candidates per shape, all reading the weight as an ``[OC, CG*KH*KW]`` matrix:
   written once with the epilogue;
 * ``conv_winograd`` (3x3, stride 1, no dilation, one group, a constant weight, at least 8 input
   channels; ``conv_winograd.py``): Winograd F(2x2, 3x3), 16 products per 2x2 outputs instead of 36,
-  the weight transformed and packed at import as an extra input.
+  the weight transformed and packed at import as an extra input; ``conv_winograd4`` the same with
+  F(4x4, 3x3), 36 products per 4x4 outputs, where its weight (4x the 3x3 one) is not too large.
 
 The tuner measures. A following BatchNormalization with constant statistics is folded into the
 weights and bias at import; a following same-shape ``Add`` (a residual) and activation run in the
@@ -31,8 +32,8 @@ from engine_onnx.codegen import KernelSpec, kernel_sources, thread_share
 from engine_onnx.dims import Mono, dim_c, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
-from engine_onnx.ops.conv_winograd import (winograd_body, winograd_defs, winograd_eligible, winograd_helpers,
-                                          winograd_weight, winograd_workspace)
+from engine_onnx.ops.conv_winograd import (winograd4_eligible, winograd_body, winograd_defs, winograd_eligible,
+                                          winograd_helpers, winograd_weight, winograd_workspace)
 from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE, OWN_BINARY_ROUTINES
 from engine_onnx.ops.conv_pointwise import pointwise_body
 from engine_onnx.ops.conv_strided import strided_body, strided_eligible
@@ -343,9 +344,10 @@ def _conv(ctx, node) -> None:
                       PT=pb[0], PL=pb[1], DH=dil[0], DW=dil[1], OH=OH, OW=OW, KC=kc, GROUPS=group,
                       ONE_BY_ONE=int(one_by_one), HPAD=hpad, YC=place.channels if place else oc,
                       YOFF=place.offset if place else 0) + _PLANES
-    # The Winograd weight, when offered, is the last input (after the residual), before the output.
+    # The Winograd weights, when offered, are the last inputs (after the residual), before the output.
     winograd = winograd_eligible([KH, KW], strides, dil, group, c, w is not None)
-    out_slot = 3 + bool(residual) + winograd + bool(place and place.buffer)
+    winograd4 = winograd4_eligible([KH, KW], strides, dil, group, c, oc, w is not None)
+    out_slot = 3 + bool(residual) + winograd + winograd4 + bool(place and place.buffer)
     head = ("    const float *X = (const float *)t[0], *Wt = (const float *)t[1], *Bv = (const float *)t[2];\n"
             f"    const float *R = (const float *){'t[3]' if residual else 'X'}; (void)R;\n"
             f"    float *Y = (float *)t[{out_slot}];\n")
@@ -442,6 +444,11 @@ def _conv(ctx, node) -> None:
         strided, st_body = strided_body(n, head, lambda v: ep(f"({v} + bias{res_term})"), c=c, kernel=[KH, KW],
                                         strides=strides, dil=dil, out=[OH, OW])
         bodies.append(("conv_strided", st_body))
+    if winograd4:  # appended last: no index moves
+        bodies.append(("conv_winograd4", winograd_body(dim_c(n), head, 3 + bool(residual) + winograd, m=4)))
+        defs += winograd_defs(c, oc, OH, OW, m=4) + winograd_helpers(lambda v: ep(f"({v} + bias{res_term})"), m=4)
+        workspace = max(workspace, winograd_workspace(c, OH, OW, m=4))
+        extra_inputs.append(ctx.add_weight(winograd_weight(w, m=4), wn + ".winograd4"))
     syms = tuple(symbols_of([n]))
     source, own = kernel_sources(GEMM_PREAMBLE + defs + _IMPLICIT_PACK + depthwise + pointwise + strided, bodies, syms,
                                  OWN_BINARY_ROUTINES)
