@@ -35,6 +35,8 @@ from engine_onnx.ops import register
 from engine_onnx.ops.conv_winograd import (winograd4_eligible, winograd_body, winograd_defs, winograd_eligible,
                                           winograd_helpers, winograd_weight, winograd_workspace)
 from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE, OWN_BINARY_ROUTINES
+from engine_onnx.ops.conv_batch_gemm import (batch_gemm_body, batch_gemm_eligible, batch_gemm_source,
+                                            batch_gemm_weight)
 from engine_onnx.ops.conv_pointwise import pointwise_body
 from engine_onnx.ops.conv_strided import strided_body, strided_eligible
 from engine_onnx.ops.phase_plane import MAX_PLANE_FLOATS, PHASE_PLANE, phase_plane_floats
@@ -347,7 +349,8 @@ def _conv(ctx, node) -> None:
     # The Winograd weights, when offered, are the last inputs (after the residual), before the output.
     winograd = winograd_eligible([KH, KW], strides, dil, group, c, w is not None)
     winograd4 = winograd4_eligible([KH, KW], strides, dil, group, c, oc, w is not None)
-    out_slot = 3 + bool(residual) + winograd + winograd4 + bool(place and place.buffer)
+    batch_gemm = batch_gemm_eligible(one_by_one, group, c, w is not None)
+    out_slot = 3 + bool(residual) + winograd + winograd4 + batch_gemm + bool(place and place.buffer)
     head = ("    const float *X = (const float *)t[0], *Wt = (const float *)t[1], *Bv = (const float *)t[2];\n"
             f"    const float *R = (const float *){'t[3]' if residual else 'X'}; (void)R;\n"
             f"    float *Y = (float *)t[{out_slot}];\n")
@@ -449,9 +452,14 @@ def _conv(ctx, node) -> None:
         defs += winograd_defs(c, oc, OH, OW, m=4) + winograd_helpers(lambda v: ep(f"({v} + bias{res_term})"), m=4)
         workspace = max(workspace, winograd_workspace(c, OH, OW, m=4))
         extra_inputs.append(ctx.add_weight(winograd_weight(w, m=4), wn + ".winograd4"))
+    batched = ""
+    if batch_gemm:  # appended last: no index moves
+        batched = batch_gemm_source(lambda v: ep(f"({v} + bias{res_term})"))
+        bodies.append(("conv_batch_gemm", batch_gemm_body(n, head, 3 + bool(residual) + len(extra_inputs))))
+        extra_inputs.append(ctx.add_weight(batch_gemm_weight(w), wn + ".packed"))
     syms = tuple(symbols_of([n]))
-    source, own = kernel_sources(GEMM_PREAMBLE + defs + _IMPLICIT_PACK + depthwise + pointwise + strided, bodies, syms,
-                                 OWN_BINARY_ROUTINES)
+    source, own = kernel_sources(GEMM_PREAMBLE + defs + _IMPLICIT_PACK + depthwise + pointwise + strided + batched,
+                                 bodies, syms, OWN_BINARY_ROUTINES)
     # A run-time weight [OC, CG, KH, KW] is already the [OC, CG*KH*KW] matrix every candidate reads.
     wname = wn if w is None else ctx.add_weight(np.ascontiguousarray(w.reshape(oc, -1), dtype=np.float32), wn)
     bname = bn_in if b is None else ctx.add_weight(np.ascontiguousarray(b, dtype=np.float32), bn_in or wn + ".bias")
