@@ -24,7 +24,7 @@ pytest.importorskip("engine_onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 import engine_onnx  # noqa: E402
-from onnx_support import candidate_entries, ort_output, random_initializer  # noqa: E402
+from onnx_support import candidate_entries, check_forced, random_initializer  # noqa: E402
 from engine_onnx.ops.conv_strided import MAX_BUFFER_FLOATS, MAX_CHANNELS, MAX_TAPS  # noqa: E402
 
 ort.set_default_logger_severity(3)
@@ -56,21 +56,7 @@ def _conv_model(c, hw, oc, kernel, attrs, seed, *, bias=True, act="Relu"):
 def _check_strided(model, x_shape, batches=(1, 3), extra=None):
     """Forces ``conv_strided`` on every task that offers it (candidate 0 elsewhere) at each batch
     and compares with ONNX Runtime; returns the tasks' entry names."""
-    graph = engine_onnx.convert(model).build()
-    entries = candidate_entries(graph)
-    assert any(ENTRY in e for e in entries), entries
-    choice = tuple(e.index(ENTRY) if ENTRY in e else 0 for e in entries)
-    for batch in batches:
-        graph.dispatch_table.record((batch,), choice)
-        rng = np.random.default_rng(batch)
-        feeds = {"x": rng.standard_normal((batch, *x_shape)).astype(np.float32)}
-        for name, shape in (extra or {}).items():
-            feeds[name] = rng.standard_normal((batch, *shape)).astype(np.float32)
-        expected = ort_output(model, feeds)
-        actual = graph.run_async(list(feeds.values()))[0].numpy()
-        scale = float(np.abs(expected).max())
-        np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * scale, err_msg=f"batch {batch}")
-    return entries
+    return check_forced(model, ENTRY, {"x": tuple(x_shape), **(extra or {})}, batches, rtol=RTOL)
 
 
 GEOMETRIES = {

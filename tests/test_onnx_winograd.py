@@ -25,7 +25,7 @@ pytest.importorskip("engine_onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 import engine_onnx  # noqa: E402
-from onnx_support import candidate_entries, ort_output, random_initializer  # noqa: E402
+from onnx_support import candidate_entries, check_forced, random_initializer  # noqa: E402
 from engine_onnx.ops.conv_winograd import MAX_WEIGHT4_BYTES, MIN_CHANNELS, winograd_defs  # noqa: E402
 
 ort.set_default_logger_severity(3)
@@ -50,18 +50,7 @@ def _model(nodes, x_shape, y_shape, inits, extra_inputs=()):
 def _check_winograd(model, x_shape, entry, batches=(1, 3)):
     """Forces ``entry`` on every task that offers it (candidate 0 elsewhere) at each batch and
     compares with ONNX Runtime; returns the tasks' entry names."""
-    graph = engine_onnx.convert(model).build()
-    entries = candidate_entries(graph)
-    assert any(entry in e for e in entries), entries
-    choice = tuple(e.index(entry) if entry in e else 0 for e in entries)
-    for batch in batches:
-        graph.dispatch_table.record((batch,), choice)
-        x = np.random.default_rng(batch).standard_normal((batch, *x_shape)).astype(np.float32)
-        expected = ort_output(model, {"x": x})
-        actual = graph.run_async([x])[0].numpy()
-        scale = float(np.abs(expected).max())
-        np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=RTOL * scale, err_msg=f"batch {batch}")
-    return entries
+    return check_forced(model, entry, {"x": tuple(x_shape)}, batches, rtol=RTOL)
 
 
 def _conv_model(c, h, w, oc, pads, seed, *, bias=True, relu=True):

@@ -1,6 +1,6 @@
 """Conv (1-D and 2-D, groups, dilations, pads and ``auto_pad``), float32; weights constant or computed.
 
-Candidates per shape, all reading the weight as an ``[OC, CG*KH*KW]`` matrix:
+Candidates per shape, reading the weight as an ``[OC, CG*KH*KW]`` matrix or a form of it made at import:
 
 * ``conv_direct``: output planes in parallel, the innermost loop along the output row, clipped to
   the valid input range so it has no branch and vectorises;
@@ -17,7 +17,14 @@ Candidates per shape, all reading the weight as an ``[OC, CG*KH*KW]`` matrix:
 * ``conv_winograd`` (3x3, stride 1, no dilation, one group, a constant weight, at least 8 input
   channels; ``conv_winograd.py``): Winograd F(2x2, 3x3), 16 products per 2x2 outputs instead of 36,
   the weight transformed and packed at import as an extra input; ``conv_winograd4`` the same with
-  F(4x4, 3x3), 36 products per 4x4 outputs, where its weight (4x the 3x3 one) is not too large.
+  F(4x4, 3x3), 36 products per 4x4 outputs, where its weight (4x the 3x3 one) is not too large;
+* ``conv_strided`` (few input channels, any stride: a first layer; ``conv_strided.py``);
+* ``conv_batch_gemm`` (a plain 1x1, one group, a constant weight; ``conv_batch_gemm.py``): one
+  GEMM over the whole batch's pixels, the weight packed at import as an extra input.
+
+Candidates are appended in that order where offered, so an earlier candidate keeps its index; the
+extra weights follow the residual in the same order (``conv_winograd``'s, ``conv_winograd4``'s,
+``conv_batch_gemm``'s).
 
 The tuner measures. A following BatchNormalization with constant statistics is folded into the
 weights and bias at import; a following same-shape ``Add`` (a residual) and activation run in the
