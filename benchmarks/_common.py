@@ -194,7 +194,8 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "loadavg_1min_end": loadavg(),
         "git_commit": (_git("rev-parse", "--short", "HEAD") or "?"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "engine", "plugins", "frontends", "benchmarks")),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", "engine", "plugins",
+                               "frontends", "benchmarks")),
     }
     try:
         import onnxruntime

@@ -56,6 +56,7 @@ GEOMETRIES = {
     "wide_image": (64, (13, 17), 20, (1, 3)),                    # 221 pixels, several column chunks
     "one_pixel": (24, (1, 1), 7, (1, 5)),
     "conv_1d": (40, (11,), 30, (1, 4)),
+    "most_channels": (MAX_CHANNELS, (2, 3), 7, (1, 3)),        # one 16-column panel fills the buffer
 }
 
 

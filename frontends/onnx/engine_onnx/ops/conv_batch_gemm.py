@@ -16,8 +16,8 @@ every input channel once (B panels gathered across images: two vector loads per 
 panel lies inside one image), then per block of at most ``GP_MC`` output channels runs
 ``gemm_macro`` over the channel blocks into a tile buffer and writes it out with bias, residual and
 activation, run by run within each image (through ``YPLANE``/``RPLANE``, so the output may be a
-Concat's slice). Stack per thread: the packed columns (at most 256 KiB: the column chunk narrows
-as the channel count grows) and the tile buffer (72 KiB).
+Concat's slice). Stack per thread: the packed columns (at most 64K floats, 256 KiB: the column
+chunk narrows as the channel count grows) and the tile buffer (72 KiB).
 """
 
 from __future__ import annotations
@@ -159,11 +159,12 @@ def batch_gemm_body(n: Dim, head: str, a_slot: int) -> str:
     cm = (OC + tm - 1) / tm;
     #pragma omp parallel if (cm * cn > 1)
     {{
-        float bp[65536 + GP_NC * GP_NR] __attribute__((aligned(64)));
+        float bp[65536] __attribute__((aligned(64)));  /* C x tn <= 65536: tn <= most */
         float ct[GP_MC * GP_NC] __attribute__((aligned(64)));
         #pragma omp for schedule(static)
         for (int64_t tile = 0; tile < cm * cn; tile++) {{
-            const int64_t m0 = (rows_first ? tile / cn : tile % cm) * tm, j0 = (rows_first ? tile % cn : tile / cm) * tn;
+            const int64_t m0 = (rows_first ? tile / cn : tile % cm) * tm;
+            const int64_t j0 = (rows_first ? tile % cn : tile / cm) * tn;
             const int64_t m1 = m0 + tm < OC ? m0 + tm : OC, nc = cols - j0 < tn ? cols - j0 : tn;
             const int64_t ncp = (nc + GP_NR - 1) / GP_NR * GP_NR;
             for (int64_t k0 = 0; k0 < C; k0 += kcb) {{
