@@ -92,13 +92,13 @@ def _name_pattern(prefix: str) -> str:
     return rf"^test_{prefix}(_.*|\d+d(_.*)?)?$"
 
 
-def _selected(name: str) -> bool:
+def selected(name: str) -> bool:
     """Whether node test ``name`` (without ``_cpu``) is in the selection above."""
     return (any(re.match(_name_pattern(p), name) for p in OP_PREFIXES)
             and not any(re.match(pattern, name) for pattern in EXCLUDE))
 
 
-def _bound_parameters(model: onnx.ModelProto) -> list[int]:
+def bound_parameters(model: onnx.ModelProto) -> list[int]:
     """Positions (among the graph inputs) of the inputs a node reads as a parameter."""
     wanted = {n.input[i] for n in model.graph.node for i in PARAMETER_INPUTS.get(n.op_type, ()) if
               i < len(n.input) and n.input[i]}
@@ -111,28 +111,35 @@ def _bound_parameters(model: onnx.ModelProto) -> list[int]:
 KNOWN_FAILURES: dict[str, str] = {}
 
 
+def with_parameters_bound(model: onnx.ModelProto, inputs: list) -> tuple[onnx.ModelProto, list]:
+    """``model`` with its parameter inputs (``bound_parameters``) as initializers holding their
+    values in ``inputs``, and the inputs left to feed."""
+    bound = bound_parameters(model)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    if not bound:
+        return out, list(inputs)
+    kept = [vi for k, vi in enumerate(out.graph.input) if k not in bound]
+    for k in bound:
+        out.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(inputs[k]), model.graph.input[k].name))
+    del out.graph.input[:]
+    out.graph.input.extend(kept)
+    return out, [x for k, x in enumerate(inputs) if k not in bound]
+
+
 def _parameter_cases() -> list:
     return [pytest.param(case, id=case.name, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[case.name])]
                          if case.name in KNOWN_FAILURES else [])
             for case in sorted(load_node_model_tests(), key=lambda c: c.name)
-            if _selected(case.name) and case.model is not None and _bound_parameters(case.model)]
+            if selected(case.name) and case.model is not None and bound_parameters(case.model)]
 
 
 @pytest.mark.parametrize("case", _parameter_cases())
 def test_with_parameters_as_initializers(case):
     """The node test with its parameter inputs as initializers (their values from the test's data)."""
-    bound = _bound_parameters(case.model)
     for inputs, expected in case.data_sets:
-        model = onnx.ModelProto()
-        model.CopyFrom(case.model)
-        kept = [vi for k, vi in enumerate(model.graph.input) if k not in bound]
-        for k in bound:
-            model.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(inputs[k]),
-                                                                        case.model.graph.input[k].name))
-        del model.graph.input[:]
-        model.graph.input.extend(kept)
-        rep = SkippingBackend.prepare(model)
-        outputs = rep.run([x for k, x in enumerate(inputs) if k not in bound])
+        model, feed = with_parameters_bound(case.model, inputs)
+        outputs = SkippingBackend.prepare(model).run(feed)
         Runner.assert_similar_outputs(expected, outputs, rtol=case.rtol, atol=case.atol)
 
 
@@ -192,7 +199,7 @@ def report(argv: list[str]) -> int:
     counts: dict[str, Counter] = defaultdict(Counter)
     reasons: Counter = Counter()
     for name, variant, outcome, reason in rec.rows:
-        if not _selected(name):
+        if not selected(name):
             continue
         counts[_prefix_of(name)][("init-" if variant else "") + outcome] += 1
         if outcome == "skipped":

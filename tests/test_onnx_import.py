@@ -295,7 +295,7 @@ def test_engine_convert_command_writes_a_bundle_that_loads(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "missing.onnx"), "-o", str(out)]) == 2
 
 
-def test_engine_convert_refuses_other_device_kinds_saying_why(tmp_path, capsys):
+def test_engine_convert_takes_one_known_device_kind_and_refuses_others_saying_why(tmp_path, capsys):
     from engine.cli.main import main
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
@@ -305,8 +305,34 @@ def test_engine_convert_refuses_other_device_kinds_saying_why(tmp_path, capsys):
     capsys.readouterr()
     assert main(["convert", str(src), "-o", str(out), "--device", "cpu,cuda"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--device cpu,cuda" in err and "no cuda kernels yet" in err and "expected --device cpu" in err
+    assert "--device 'cpu,cuda'" in err and "one of cpu, cuda, opencl" in err and "convert once per kind" in err
     assert "\n" not in err and not out.exists()
+    assert main(["convert", str(src), "-o", str(out), "--device", "tpu"]) == 2
+    assert "--device 'tpu'" in capsys.readouterr().err and not out.exists()
+    assert main(["convert", str(src), "-o", str(out), "--device", "cpu", "--io-device", "gpu"]) == 2
+    assert "--io-device 'gpu'" in capsys.readouterr().err and not out.exists()
+
+
+def test_engine_convert_for_cuda_writes_compiled_kernels_and_refuses_what_has_no_gpu_kernels(tmp_path, capsys):
+    from engine.cli.main import main
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    relu = _tiny_model([helper.make_node("Relu", ["x"], ["y"])], [x],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    out = tmp_path / "relu_cuda/"
+    assert main(["convert", str(_save(relu, tmp_path, "relu.onnx")), "-o", str(out) + "/", "--device", "cuda"]) == 0
+    formats = {(b["format"], b["target"]) for meta in out.glob("kernels/*/meta.json")
+               for cand in json.loads(meta.read_text())["candidates"] for b in cand["binaries"]}
+    assert {("cubin", "sm_80"), ("cubin", "sm_90")} <= formats and any(f == "ptx" for f, _ in formats)
+    x16 = helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 4])
+    half = _tiny_model([helper.make_node("Relu", ["x"], ["y"], name="the_relu")], [x16],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 4])])
+    capsys.readouterr()
+    bad = tmp_path / "half.cgb"
+    assert main(["convert", str(_save(half, tmp_path, "half.onnx")), "-o", str(bad), "--device", "cuda"]) != 0
+    err = capsys.readouterr().err
+    assert "the_relu" in err and "float16 has no GPU kernels yet" in err and not bad.exists()
+    assert main(["convert", str(_save(half, tmp_path, "half.onnx")), "-o", str(bad)]) == 0  # the CPU has them
 
 
 @pytest.fixture(scope="module")

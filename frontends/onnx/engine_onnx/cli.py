@@ -14,6 +14,9 @@ EXAMPLES = """
   engine convert model.onnx -o model.cgb                  convert (weights, kernels, one bundle)
   engine convert model.onnx -o model.cgb --symbol batch   the leading dimension of every input becomes 'batch'
   engine convert model.onnx -o model_dir/                 write the directory form
+  engine convert model.onnx -o model.cgb --device cuda    kernels for CUDA GPUs (inputs and outputs there too)
+  engine convert model.onnx -o model.cgb --device opencl --io-device cpu
+                                                          OpenCL kernels, host arrays in and out
   engine bench model.cgb --symbol batch=1,8               then benchmark the result
 """
 
@@ -24,17 +27,21 @@ def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
     p = add_command(sub, "convert", help="convert an ONNX model into a bundle (engine-onnx)",
                     description="Import an ONNX model (operators as defined from opset 9 on; older opsets node "
                                 "by node): fold constants, infer shapes, turn dynamic dimensions into symbols and "
-                                "generate C kernels for the CPU plugin (several candidates for MatMul, Gemm and "
-                                "Conv), then save one bundle. Unsupported nodes are all listed in one error and no "
+                                "generate kernels for one device kind (C for the CPU plugin, with several "
+                                "candidates for MatMul, Gemm and Conv; or CUDA / OpenCL kernels), then save one "
+                                "bundle. Unsupported nodes are all listed in one error and no "
                                 "bundle is written.",
                     examples=EXAMPLES, parents=[common["debug"]])
     p.add_argument("model", metavar="MODEL", help="an .onnx file")
     p.add_argument("-o", "--output", required=True, metavar="BUNDLE",
                    help="the bundle to write (.cgb; a path ending in / writes the directory form)")
     p.add_argument("--symbol", metavar="NAME", help="make the leading dimension of every input a symbol NAME")
-    p.add_argument("--device", default="cpu", metavar="KINDS",
-                   help="device kinds to generate kernels for, comma-separated (only 'cpu' so far: engine-onnx has no "
-                        "CUDA kernels yet)")
+    p.add_argument("--device", default="cpu", metavar="KIND",
+                   help="the device kind the kernels are generated for: cpu (default), cuda or opencl (fewer "
+                        "operators have GPU kernels: docs/onnx.md)")
+    p.add_argument("--io-device", metavar="KIND",
+                   help="keep the graph's inputs and outputs on this kind instead (e.g. cpu: host arrays in and "
+                        "out of a GPU model, copied by the engine)")
     p.set_defaults(func=run)
 
 
@@ -42,14 +49,15 @@ def run(args: argparse.Namespace) -> int:
     from engine.cli.args import UsageError
     from engine.cli.progress import Progress
 
-    kinds = [k.strip() for k in args.device.split(",") if k.strip()]
-    others = [k for k in kinds if k != "cpu"]
-    if not kinds:
-        raise UsageError(f"--device {args.device!r}: no device kind named; expected --device cpu (the default)")
-    if others:
-        raise UsageError(f"--device {args.device}: engine-onnx generates kernels for the cpu plugin only (no "
-                         f"{', '.join(others)} kernels yet: they wait for that plugin's compile()); "
-                         f"expected --device cpu (the default)")
+    from engine_onnx.gpu import GPU_KINDS
+
+    known = ["cpu", *GPU_KINDS]
+    if args.device not in known:
+        several = "," in args.device
+        raise UsageError(f"--device {args.device!r}: expected one device kind, one of {', '.join(known)}"
+                         + ("; a bundle holds one kind's kernels: convert once per kind" if several else ""))
+    if args.io_device is not None and args.io_device not in known:
+        raise UsageError(f"--io-device {args.io_device!r}: expected one device kind, one of {', '.join(known)}")
     if not Path(args.model).is_file():
         raise UsageError(f"{args.model}: no such file; expected an .onnx model")
     from engine_onnx.convert import convert
@@ -65,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         bar.advance(done - bar.done)
 
     try:
-        builder = convert(args.model, batch_symbol=args.symbol, registry=args.registry, progress=progress)
+        builder = convert(args.model, batch_symbol=args.symbol, registry=args.registry, progress=progress,
+                          device=args.device, io_device=args.io_device)
         form = "dir" if args.output.endswith("/") else "zip"
         builder.save(Path(args.output), form=form)
     finally:

@@ -15,6 +15,7 @@ from typing import Callable
 import onnx
 
 from engine.build import GraphBuilder
+from engine_onnx.gpu import GPU_KINDS, GpuKernelSpec, render
 from engine_onnx.lowering import Lowering
 from engine_onnx.model import load_model, model_name
 
@@ -24,15 +25,21 @@ Progress = Callable[[int, int], None]
 
 
 def convert(model: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, batch_symbol: str | None = None,
-            registry=None, progress: Progress | None = None, jobs: int | None = None) -> GraphBuilder:
+            registry=None, progress: Progress | None = None, jobs: int | None = None, device: str = "cpu",
+            io_device: str | None = None) -> GraphBuilder:
     """Import ``model`` and compile its kernels; returns the ``GraphBuilder`` (``.build()``, ``.save()``).
 
     ``batch_symbol`` makes the leading dimension of every input a symbol of that name (dimensions the
-    model already names, ``dim_param``, are symbols anyway). Raises ``UnsupportedModelError`` listing
-    every node that cannot be imported, ``ModelLoadError`` for a model that cannot be read.
+    model already names, ``dim_param``, are symbols anyway). ``device`` is the kind the kernels are
+    generated for: ``cpu`` (the default), or ``cuda`` / ``opencl`` (``engine_onnx.gpu``; fewer ops have
+    kernels there, docs/onnx.md). ``io_device`` puts the graph's inputs and outputs on another kind
+    (``"cpu"``: host arrays in and out of a GPU model, copied by the engine). Raises
+    ``UnsupportedModelError`` listing every node that cannot be imported, ``ModelLoadError`` for a
+    model that cannot be read.
     """
     proto = load_model(model)
-    lowering = Lowering(proto, batch_symbol=batch_symbol, name=model_name(model, proto))
+    lowering = Lowering(proto, batch_symbol=batch_symbol, name=model_name(model, proto), device=device,
+                        io_device=io_device)
     lowering.run()
     builder = lowering.builder(registry)
     precompile(builder, lowering, progress=progress, jobs=jobs)
@@ -42,14 +49,20 @@ def convert(model: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, batch_
 def precompile(builder: GraphBuilder, lowering: Lowering, *, progress: Progress | None = None,
                jobs: int | None = None) -> None:
     """Compile every distinct kernel source on a thread pool (fills the plugin's build cache)."""
-    specs = list(dict.fromkeys(src for spec in lowering.specs() for src, _ in spec.sources()))
-    options = {src: opts for spec in lowering.specs() for src, opts in spec.sources()}
-    backend = builder.registry.backend("cpu")
+    options: dict[str, dict] = {}
+    for spec in lowering.specs():
+        if isinstance(spec, GpuKernelSpec):
+            options[render(spec.source, lowering.device)] = {}
+        else:
+            options.update(spec.sources())
+    specs = list(options)
+    language = GPU_KINDS.get(lowering.device, "c")
+    backend = builder.registry.backend(lowering.device)
     done = 0
     if progress:
         progress(0, len(specs))
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        for _ in pool.map(lambda src: backend.compile(src, "c", options[src]), specs):
+        for _ in pool.map(lambda src: backend.compile(src, language, options[src]), specs):
             done += 1
             if progress:
                 progress(done, len(specs))

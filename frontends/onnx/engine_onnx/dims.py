@@ -8,11 +8,12 @@ along a dynamic axis) are refused with a clear reason instead of being approxima
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Sequence, Union
 
 import attrs
 
-__all__ = ["Mono", "Dim", "dim_mul", "dim_div", "dim_expr", "dim_c", "dims_product", "is_static", "symbols_of"]
+__all__ = ["Mono", "Dim", "dim_mul", "dim_div", "dim_expr", "dim_c", "dims_product", "is_static", "symbols_of",
+           "merge_axes"]
 
 
 class DimError(ValueError):
@@ -130,3 +131,20 @@ def dim_c(d: Dim) -> str:
         return f"{int(d)}LL"
     parts = [f"s_{s}" for s in d.syms] + ([f"{d.coef}LL"] if d.coef != 1 else [])
     return "(" + " * ".join(parts) + ")"
+
+
+def merge_axes(out_shape: Sequence[Dim], in_strides: Sequence[Dim]) -> tuple[list[Dim], list[Dim]]:
+    """A strided copy's loop nest: output axes of size 1 dropped, neighbours merged where the input
+    strides make them one axis."""
+    sizes: list[Dim] = []
+    strides: list[Dim] = []
+    for size, st in zip(out_shape, in_strides):
+        if size == 1:
+            continue
+        if sizes and strides[-1] == st * size:
+            sizes[-1] = sizes[-1] * size
+            strides[-1] = st
+        else:
+            sizes.append(size)
+            strides.append(st)
+    return sizes, strides

@@ -37,6 +37,7 @@ from engine_onnx.codegen import KernelSpec, cpu_options
 from engine_onnx.concat_slices import ConcatFill, ConcatSlice, ConcatSlices
 from engine_onnx.dims import Dim, DimError, Mono, dim_expr
 from engine_onnx.errors import ModelLoadError, NodeUnsupported, UnsupportedModelError, UnsupportedNode
+from engine_onnx.gpu import GPU_KINDS, GpuKernelSpec, render
 from engine_onnx.model import older_definition
 
 __all__ = ["Lowering", "Operand", "Ref", "Deferred", "sanitize_symbol"]
@@ -101,14 +102,22 @@ def onnx_dtype(elem_type: int) -> np.dtype:
 class Lowering:
     """Walks one model's graph; ``run()`` then ``builder()`` gives the bundle's ``GraphBuilder``."""
 
-    def __init__(self, model: onnx.ModelProto, *, batch_symbol: str | None = None, name: str = "model"):
+    def __init__(self, model: onnx.ModelProto, *, batch_symbol: str | None = None, name: str = "model",
+                 device: str = "cpu", io_device: str | None = None):
+        if device != "cpu" and device not in GPU_KINDS:
+            raise ValueError(f"engine-onnx generates kernels for device kinds cpu, {', '.join(GPU_KINDS)}; "
+                             f"not {device!r}")
+        #: The device kind every kernel, weight and intermediate lives on; ``io_device`` holds the
+        #: graph's inputs and outputs (copied to and from ``device`` around the model) when it differs.
+        self.device = device
+        self.io_device = io_device or device
         self.model = model
         self.graph = model.graph
         self.name = name
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
         self.inputs: list[tuple[str, np.dtype, tuple[Dim, ...]]] = []
         self.weights: list[tuple[str, np.ndarray]] = []
-        self.calls: list[tuple[KernelSpec, list[Ref], list[tuple[np.dtype, tuple[Dim, ...]]], dict[int, int]]] = []
+        self.calls: list[tuple[KernelSpec | GpuKernelSpec, list[Ref], list[tuple[np.dtype, tuple[Dim, ...]]], dict[int, int]]] = []
         self.consts: dict[str, np.ndarray] = {}
         self.tensors: dict[str, Operand] = {}
         self.unsupported: list[UnsupportedNode] = []
@@ -163,6 +172,11 @@ class Lowering:
             self.tensors[vi.name] = Operand(ref, dtype, shape_t)
 
     # -- what handlers read ------------------------------------------------------------------------
+    @property
+    def gpu(self) -> bool:
+        """Whether kernels are generated for a GPU-like kind (``engine_onnx.gpu``), not the CPU."""
+        return self.device != "cpu"
+
     def attr(self, node: onnx.NodeProto, name: str, default: Any = None) -> Any:
         for a in node.attribute:
             if a.name == name:
@@ -255,11 +269,14 @@ class Lowering:
                                           tuple(int(d) for d in arr.shape))
         return self._weight_refs[name]
 
-    def emit(self, spec: KernelSpec, inputs: Iterable[str], outputs: Sequence[tuple[str, Any, Sequence[Dim]]],
+    def emit(self, spec: KernelSpec | GpuKernelSpec, inputs: Iterable[str], outputs: Sequence[tuple[str, Any, Sequence[Dim]]],
              *, in_place: Mapping[int, int] | None = None) -> None:
         """Record one kernel call reading ``inputs`` (names) and producing ``outputs`` (name, dtype, shape);
         ``in_place`` maps an output position to the input position it is written over (the bundle's
         ``share_map``)."""
+        if self.gpu != isinstance(spec, GpuKernelSpec):
+            raise NodeUnsupported(f"no {self.device} kernel for this operator yet (engine-onnx generates "
+                                  f"{self.device} kernels for {', '.join(gpu_op_list())})")
         refs = [self._ref(n) for n in inputs]
         idx = len(self.calls)
         outs = [(np.dtype(dt), tuple(shape)) for _, dt, shape in outputs]
@@ -270,6 +287,8 @@ class Lowering:
     def take_concat_slice(self, name: str, dtype: np.dtype, shape: Sequence[Dim]) -> ConcatSlice | None:
         """Where the producer of ``name`` writes when a channel Concat is its only reader
         (``concat_slices``); None when it writes a tensor of its own. The caller must emit next."""
+        if self.gpu:
+            return None
         return self._concat_slices.take(self, name, dtype, shape)
 
     def concat_fill(self, node: onnx.NodeProto) -> ConcatFill | None:
@@ -423,7 +442,7 @@ class Lowering:
     def _lower(self, node: onnx.NodeProto) -> None:
         """Folds, skips (fused) or lowers one node; an unsupported one is recorded and poisons its outputs."""
         from engine_onnx.folding import try_fold
-        from engine_onnx.ops import handler_for
+        from engine_onnx.ops import GPU_OPS, handler_for
 
         if id(node) in self._fused:
             return
@@ -434,7 +453,11 @@ class Lowering:
             if node.domain in ("", "ai.onnx") and (why := older_definition(node.op_type, self.opset)):
                 raise NodeUnsupported(why)
             if not try_fold(self, node):
-                handler_for(node)(self, node)
+                handler = handler_for(node)
+                if self.gpu and node.op_type not in GPU_OPS:
+                    raise NodeUnsupported(f"no {self.device} kernel for {node.op_type} yet (engine-onnx generates "
+                                          f"{self.device} kernels for {', '.join(gpu_op_list())})")
+                handler(self, node)
         except (NodeUnsupported, DimError) as exc:
             self.unsupported.append(UnsupportedNode(node.name, node.op_type, str(exc)))
             self.poisoned.update(o for o in node.output if o)
@@ -463,8 +486,8 @@ class Lowering:
             self.output_operands.append((name, op))
 
     # -- into the builder --------------------------------------------------------------------------
-    def specs(self) -> list[KernelSpec]:
-        unique: dict[tuple[str, tuple[str, ...]], KernelSpec] = {}
+    def specs(self) -> list[KernelSpec | GpuKernelSpec]:
+        unique: dict[tuple[str, tuple[str, ...]], KernelSpec | GpuKernelSpec] = {}
         for spec, _, _, _ in self.calls:
             unique.setdefault((spec.source, spec.entries), spec)
         return list(unique.values())
@@ -473,13 +496,24 @@ class Lowering:
         b = GraphBuilder(self.name, registry=registry)
         values: dict[Ref, Any] = {}
         for i, (name, dtype, shape) in enumerate(self.inputs):
-            values[Ref("input", i, 0, dtype, shape)] = b.input(name, dtype.name, [dim_expr(d) for d in shape])
+            values[Ref("input", i, 0, dtype, shape)] = b.input(name, dtype.name, [dim_expr(d) for d in shape],
+                                                               device=self.io_device)
         for i, (name, arr) in enumerate(self.weights):
-            values[self._weight_refs[name]] = b.weight(name, arr)
+            values[self._weight_refs[name]] = b.weight(name, arr, device=self.device)
+        if self.io_device != self.device:  # copies are calls: after every weight is declared
+            for ref in [r for r in values if r.kind == "input"]:
+                values[ref] = b.copy(values[ref], self.device)
         kdefs: dict[tuple[str, tuple[str, ...]], Any] = {}
         for idx, (spec, refs, outs, in_place) in enumerate(self.calls):
             key = (spec.source, spec.entries)
-            if key not in kdefs:
+            if key in kdefs:
+                pass
+            elif isinstance(spec, GpuKernelSpec):
+                language = GPU_KINDS[self.device]
+                kdefs[key] = b.kernel(f"{spec.name}_{len(kdefs)}", device=self.device, entries=list(spec.entries),
+                                      source=render(spec.source, self.device), language=language,
+                                      launch=[dict(la) for la in spec.launches])
+            else:
                 kdefs[key] = b.kernel(f"{spec.name}_{len(kdefs)}", entries=list(spec.entries), source=spec.source,
                                       options=spec.options,
                                       entry_code={e: (src, cpu_options(src)) for e, src in spec.entry_sources})
@@ -489,8 +523,15 @@ class Lowering:
             for pos, ((dt, shape), v) in enumerate(zip(outs, produced)):
                 values[Ref("call", idx, pos, dt, shape)] = v
         for name, op in self.output_operands:
-            b.output(values[op.ref], name)
+            value = values[op.ref]
+            b.output(value if self.io_device == self.device else b.copy(value, self.io_device), name)
         return b
+
+
+def gpu_op_list() -> list[str]:
+    from engine_onnx.ops import GPU_OPS
+
+    return sorted(GPU_OPS)
 
 
 def _initializer_array(init: onnx.TensorProto) -> np.ndarray:

@@ -7,6 +7,9 @@ order (blocks of the outermost axis shared out to OpenMP threads when the output
 at each axis, either copies the sub-block the table points at or fills it: one
 generated loop nest whatever the op, every rule (reflect, wrap, edge, nearest rounding…) being
 resolved in Python at import where it is easy to check against ONNX's reference.
+
+On GPU kinds (``emit_axis_map``) the same tables drive one thread per output element
+(``gpu_indexing.axis_map_kernel``), which reads them from an int64 weight.
 """
 
 from __future__ import annotations
@@ -19,14 +22,10 @@ from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
 from engine_onnx.dims import Dim, Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 
-__all__ = ["axis_map_spec"]
+__all__ = ["axis_map_spec", "emit_axis_map"]
 
 
-def axis_map_spec(name: str, out_shape: Sequence[Dim], in_shape: Sequence[Dim],
-                  tables: Sequence[np.ndarray | None], dtype: np.dtype, fill: float | int = 0) -> KernelSpec:
-    """A kernel ``out[o] = in[T_0[o_0], …]`` (or ``fill`` where some ``T_k[o_k] < 0``)."""
-    from engine_onnx.ops.elementwise import lit
-
+def _check(out_shape: Sequence[Dim], in_shape: Sequence[Dim], tables: Sequence[np.ndarray | None]) -> None:
     rank = len(out_shape)
     if rank != len(in_shape) or rank != len(tables):
         raise NodeUnsupported(f"axis map of rank {rank} with {len(in_shape)} input axes and {len(tables)} tables")
@@ -36,6 +35,31 @@ def axis_map_spec(name: str, out_shape: Sequence[Dim], in_shape: Sequence[Dim],
                 raise NodeUnsupported(f"axis {k} changes size ({out_shape[k]} from {in_shape[k]}) without a table")
         elif isinstance(out_shape[k], Mono) or isinstance(in_shape[k], Mono):
             raise NodeUnsupported(f"a dynamic axis ({k}) that is padded, tiled or resized")
+
+
+def emit_axis_map(ctx, name: str, x: str, output: str, out_shape: Sequence[Dim], in_shape: Sequence[Dim],
+                  tables: Sequence[np.ndarray | None], dtype: np.dtype, fill: float | int = 0) -> None:
+    """Emit the axis map reading ``x`` into ``output``: ``axis_map_spec`` on the CPU, on GPU kinds
+    ``gpu_indexing.axis_map_kernel`` with the tables as a second (weight) input."""
+    if not ctx.gpu:
+        ctx.emit(axis_map_spec(name, out_shape, in_shape, tables, dtype, fill), [x], [(output, dtype, out_shape)])
+        return
+    from engine_onnx.ops.elementwise import lit
+    from engine_onnx.ops.gpu_indexing import axis_map_kernel
+
+    _check(out_shape, in_shape, tables)
+    spec, joined = axis_map_kernel(name, out_shape, in_shape, tables, dtype, lit(fill, dtype))
+    inputs = [x] if joined is None else [x, ctx.add_weight(joined, f"{output}.{name}_tables")]
+    ctx.emit(spec, inputs, [(output, dtype, out_shape)])
+
+
+def axis_map_spec(name: str, out_shape: Sequence[Dim], in_shape: Sequence[Dim],
+                  tables: Sequence[np.ndarray | None], dtype: np.dtype, fill: float | int = 0) -> KernelSpec:
+    """A kernel ``out[o] = in[T_0[o_0], …]`` (or ``fill`` where some ``T_k[o_k] < 0``)."""
+    from engine_onnx.ops.elementwise import lit
+
+    rank = len(out_shape)
+    _check(out_shape, in_shape, tables)
     t = ctype(dtype)
     pre = []
     for k, tab in enumerate(tables):

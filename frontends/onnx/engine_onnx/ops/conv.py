@@ -29,6 +29,8 @@ extra weights follow the residual in the same order (``conv_winograd``'s, ``conv
 The tuner measures. A following BatchNormalization with constant statistics is folded into the
 weights and bias at import; a following same-shape ``Add`` (a residual) and activation run in the
 kernel's epilogue. A weight (or bias) computed at run time is read as it is, without folding.
+On GPU kinds the same folded weight, bias, residual and epilogue feed ``gpu_conv.conv_kernel``'s
+candidates instead.
 """
 
 from __future__ import annotations
@@ -299,7 +301,20 @@ def _depthwise(n, head: str, epilogue_expr: str) -> tuple[str, str]:
     return PHASE_PLANE + _DEPTHWISE.replace("EPILOGUE", epilogue_expr), body
 
 
-@register("Conv")
+def _emit_gpu(ctx, node, x, wn, w, bn_in, b, residual, ep, final, out_shape, c, oc, group, spatial, kernel,
+              strides, dil, pb, out_sp) -> None:
+    """The Conv as GPU kernels (``gpu_conv.conv_kernel``), reading the same folded weight matrix,
+    bias, residual and epilogue as the CPU candidates (none of their extra weights)."""
+    from engine_onnx.ops.gpu_conv import conv_kernel
+
+    spec = conv_kernel(out_shape[0], c, oc, group, spatial, kernel, strides, dil, pb, out_sp, bool(residual), ep)
+    wname = wn if w is None else ctx.add_weight(np.ascontiguousarray(w.reshape(oc, -1), dtype=np.float32), wn)
+    bname = bn_in if b is None else ctx.add_weight(np.ascontiguousarray(b, dtype=np.float32), bn_in or wn + ".bias")
+    inputs = [x, wname, bname] + ([residual[0]] if residual else [])
+    ctx.emit(spec, inputs, [(final, F32, out_shape)])
+
+
+@register("Conv", gpu=True)
 def _conv(ctx, node) -> None:
     x, wn = node.input[0], node.input[1]
     for n in (x, wn):
@@ -343,6 +358,10 @@ def _conv(ctx, node) -> None:
     OH, OW = out_sp
     if OH <= 0 or OW <= 0:
         raise NodeUnsupported("empty output")
+    if ctx.gpu:
+        _emit_gpu(ctx, node, x, wn, w, bn_in, b, residual, ep, final, out_shape, c, oc, group, [H, W], [KH, KW],
+                  strides, dil, pb, [OH, OW])
+        return
     # Where the output is only a channel Concat's input, the planes go straight into its buffer.
     place = ctx.take_concat_slice(final, F32, out_shape)
     kc = cg * KH * KW

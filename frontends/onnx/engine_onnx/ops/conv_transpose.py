@@ -17,7 +17,9 @@ Two candidates, both owning whole output planes so threads never write the same 
   few. The weight is transposed into the workspace at each run, so a weight computed at run time
   needs nothing else (the transpose is one pass over the weight, small next to the product).
 
-A following activation runs in the epilogue of either candidate.
+A following activation runs in the epilogue of either candidate. On GPU kinds
+(``gpu_indexing.convtranspose_kernel``) one thread per output element gathers the taps that land
+on it instead, so no two threads write the same element.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def convtranspose_geometry(ctx, node, spatial: list[int], kernel: list[int]):
     return strides, dil, pads[:r], [full[i] - pads[i] - pads[r + i] for i in range(r)]
 
 
-@register("ConvTranspose")
+@register("ConvTranspose", gpu=True)
 def _conv_transpose(ctx, node) -> None:
     x, wn = node.input[0], node.input[1]
     bn = node.input[2] if len(node.input) > 2 and node.input[2] else None
@@ -102,6 +104,13 @@ def _conv_transpose(ctx, node) -> None:
     OD, OH, OW = out_sp
     n = xs[0]
     ep, final = ctx.take_epilogue(node, F32)
+    if ctx.gpu:
+        from engine_onnx.ops.gpu_indexing import convtranspose_kernel
+
+        spec_gpu = convtranspose_kernel(n, c, group, mg, spatial, kernel, strides, dil, begin, out_sp, ep)
+        bias = bn if bn is not None else ctx.add_weight(np.zeros(oc, np.float32), wn + ".bias")
+        ctx.emit(spec_gpu, [x, wn, bias], [(final, F32, [n, oc] + out_sp[pad:])])
+        return
     kk = KD * KH * KW
     defs = (f"#define C {c}\n#define D {D}\n#define H {H}\n#define W {W}\n#define OC {oc}\n#define CG {cg}\n"
             f"#define MG {mg}\n#define KD {KD}\n#define KH {KH}\n#define KW {KW}\n#define SD {strides[0]}\n"

@@ -340,6 +340,14 @@ def _emit_group(ctx, name: str, group: Group) -> None:
         v = ctx.const(n)
         if v is not None and v.size == 1 and v.dtype.kind in "fiub":
             scalars[j] = lit(v.reshape(()).item(), v.dtype)
+    if ctx.gpu:
+        from engine_onnx.ops.gpu_kernels import group_kernel
+
+        spec_gpu = group_kernel(group.kernel_name, group.steps, group.dtype, group.shape, shapes,
+                                [ctx.dtype(n) for n in group.leaves], scalars, _held)
+        ctx.emit(spec_gpu, [n for j, n in enumerate(group.leaves) if j not in scalars],
+                 [(name, group.dtype, group.shape)])
+        return
     types = [ctype(ctx.dtype(n)) for n in group.leaves]
     source = group_source(group, shapes, types, scalars)
     spec = KernelSpec(group.kernel_name, source, ("elementwise",), tuple(symbols_of(group.shape)))
@@ -369,10 +377,10 @@ def emit_elementwise(ctx, node, inputs: Sequence[str], out_dtype: np.dtype, expr
         _emit_group(ctx, target, group)
 
 
-@register(*UNARY)
+@register(*UNARY, gpu=True)
 def _unary(ctx, node) -> None:
     dtype = ctx.dtype(node.input[0])
-    fn = unary_expression(ctx, node, dtype, vector_math=True)
+    fn = unary_expression(ctx, node, dtype, vector_math=not ctx.gpu)
     if fn is None:
         raise NodeUnsupported("Clip bounds must be constants")
     out_dtype = np.dtype(bool) if node.op_type == "Not" else dtype
@@ -384,7 +392,7 @@ _COMPARE = {"Equal": "==", "Less": "<", "Greater": ">", "LessOrEqual": "<=", "Gr
 _LOGIC = {"And": "&&", "Or": "||", "Xor": "!="}
 
 
-@register(*_ARITH, *_COMPARE, *_LOGIC, "Pow", "Mod", "PRelu", "BitwiseAnd", "BitwiseOr", "BitwiseXor")
+@register(*_ARITH, *_COMPARE, *_LOGIC, "Pow", "Mod", "PRelu", "BitwiseAnd", "BitwiseOr", "BitwiseXor", gpu=True)
 def _binary(ctx, node) -> None:
     op = node.op_type
     a_dt = ctx.dtype(node.input[0])
@@ -420,7 +428,7 @@ def _binary(ctx, node) -> None:
         emit_elementwise(ctx, node, node.input[:2], a_dt, lambda a: f"({a[0]} < 0 ? {a[0]} * {a[1]} : {a[0]})")
 
 
-@register("Sum", "Max", "Min", "Mean")
+@register("Sum", "Max", "Min", "Mean", gpu=True)
 def _variadic(ctx, node) -> None:
     names = [n for n in node.input if n]
     dt = ctx.dtype(names[0])
@@ -442,13 +450,13 @@ def _variadic(ctx, node) -> None:
     emit_elementwise(ctx, node, names, dt, expr)
 
 
-@register("Where")
+@register("Where", gpu=True)
 def _where(ctx, node) -> None:
     dt = ctx.dtype(node.input[1])
     emit_elementwise(ctx, node, node.input[:3], dt, lambda a: f"{a[0]} ? {a[1]} : {a[2]}")
 
 
-@register("Cast")
+@register("Cast", gpu=True)
 def _cast(ctx, node) -> None:
     from engine_onnx.lowering import onnx_dtype
 
@@ -465,7 +473,7 @@ def _cast(ctx, node) -> None:
         emit_elementwise(ctx, node, [node.input[0]], to, lambda a: a[0])
 
 
-@register("CastLike")
+@register("CastLike", gpu=True)
 def _cast_like(ctx, node) -> None:
     to = ctx.dtype(node.input[1])
     expr = (lambda a: f"{a[0]} != 0") if to == np.dtype(bool) else (lambda a: a[0])

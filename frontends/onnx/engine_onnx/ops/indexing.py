@@ -6,6 +6,9 @@ workspace, sorted by (value, then the lower index first, as ONNX orders equal va
 shifting: ``O(n·k)`` in the worst case, ``O(n)`` when most values do not enter the top k, which is
 the usual case for the small ``k`` models use (a classifier's top 5). The output is always sorted,
 which ``sorted=0`` (order unspecified) also allows. NaN inputs are never selected.
+
+On GPU kinds (``gpu_indexing``) one thread per line does the same scan: ArgMax/ArgMin as here,
+TopK with its best ``k`` in per-thread arrays (so ``k`` is bounded there).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def _numeric(node, dt: np.dtype) -> None:
         raise NodeUnsupported(f"{node.op_type} on {dt.name} (numeric types only)")
 
 
-@register("ArgMax", "ArgMin")
+@register("ArgMax", "ArgMin", gpu=True)
 def _arg(ctx, node) -> None:
     x = node.input[0]
     dt = ctx.dtype(x)
@@ -39,6 +42,12 @@ def _arg(ctx, node) -> None:
     if dim == 0:
         raise NodeUnsupported(f"{node.op_type} along an empty axis ({axis})")
     cmp = (">" if node.op_type == "ArgMax" else "<") + ("=" if last else "")
+    out = [1 if i == axis else d for i, d in enumerate(xs)] if keep else [d for i, d in enumerate(xs) if i != axis]
+    if ctx.gpu:
+        from engine_onnx.ops.gpu_indexing import arg_kernel
+
+        ctx.emit(arg_kernel(node.op_type.lower(), xs, axis, dt, cmp), [x], [(node.output[0], I64, out)])
+        return
     load = "(float)x[j * I]" if dt.name == "float16" else "x[j * I]"
     vt = "float" if dt.name == "float16" else t
     body = f"""    const {t} *restrict X = (const {t} *)t[0]; int64_t *restrict Y = (int64_t *)t[1];
@@ -53,13 +62,12 @@ def _arg(ctx, node) -> None:
         Y[q] = best;
     }}
 """
-    out = [1 if i == axis else d for i, d in enumerate(xs)] if keep else [d for i, d in enumerate(xs) if i != axis]
     syms = tuple(symbols_of(xs))
     ctx.emit(KernelSpec(node.op_type.lower(), source_with_entries("", [("arg", body)], syms), ("arg",), syms),
              [x], [(node.output[0], I64, out)])
 
 
-@register("TopK")
+@register("TopK", gpu=True)
 def _topk(ctx, node) -> None:
     x = node.input[0]
     dt = ctx.dtype(x)
@@ -76,6 +84,18 @@ def _topk(ctx, node) -> None:
     if not 0 <= k <= dim:
         raise NodeUnsupported(f"k={k} outside [0, {dim}] (the size of axis {axis})")
     largest = int(ctx.attr(node, "largest", 1))
+    out = [k if i == axis else d for i, d in enumerate(xs)]
+    outs = [(node.output[0], dt, out)]
+    outs.append((node.output[1] if len(node.output) > 1 and node.output[1] else f"{node.output[0]}#indices",
+                 I64, out))
+    if ctx.gpu:
+        from engine_onnx.ops.gpu_indexing import TOPK_MAX_K, topk_kernel
+
+        if not 0 < k <= TOPK_MAX_K:
+            raise NodeUnsupported(f"TopK with k={k} on GPU kinds (1 to {TOPK_MAX_K}: each thread keeps its "
+                                  f"top k in registers)")
+        ctx.emit(topk_kernel(xs, axis, k, dt, bool(largest)), [x], outs)
+        return
     t = ctype(dt)
     vt = "float" if dt.name == "float16" else t
     outer, inner = dims_product(xs[:axis]), dims_product(xs[axis + 1:])
@@ -101,12 +121,8 @@ def _topk(ctx, node) -> None:
         }}
     }}
 """
-    out = [k if i == axis else d for i, d in enumerate(xs)]
     syms = tuple(symbols_of(xs))
     itemsize = 4 if dt.name == "float16" else dt.itemsize
     ws = max(k, 1) * (itemsize + 8) + 16
     spec = KernelSpec("topk", source_with_entries("", [("topk", body)], syms), ("topk",), syms, ws)
-    outs = [(node.output[0], dt, out)]
-    outs.append((node.output[1] if len(node.output) > 1 and node.output[1] else f"{node.output[0]}#indices",
-                 I64, out))
     ctx.emit(spec, [x], outs)

@@ -3,7 +3,8 @@
 (``transB=1``, what every classifier head exports) is transposed once at import, so every
 candidate reads ``B`` as ``[K, N]``. Bias, ``alpha``/``beta`` and a following activation are
 applied in one pass after the product, inside the same kernel; so is a MatMul's constant bias
-``Add`` along the last axis (torch's ``Linear``: ``MatMul`` then ``Add``).
+``Add`` along the last axis (torch's ``Linear``: ``MatMul`` then ``Add``). On GPU kinds the same
+fusions go into the kernels of ``gpu_linalg``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from engine_onnx.codegen import KernelSpec, kernel_sources
 from engine_onnx.dims import Dim, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import register
+from engine_onnx.ops import gpu_linalg, register
 from engine_onnx.ops.elementwise import broadcast_shape, lit, loop_nest
 from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE, OWN_BINARY_ROUTINES
 from engine_onnx.ops.shape import strided_copy_source
@@ -87,7 +88,7 @@ def _transpose_2d(ctx, name: str) -> str:
     return out
 
 
-@register("MatMul")
+@register("MatMul", gpu=True)
 def _matmul(ctx, node) -> None:
     a, b = node.input[0], node.input[1]
     _require_f32(ctx, [a, b], "MatMul")
@@ -104,6 +105,12 @@ def _matmul(ctx, node) -> None:
     out = list(batch) + ([m] if len(sa) > 1 else []) + ([n] if len(sb) > 1 else [])
     bias = ctx.take_bias_add(node.output[0], n, len(out)) if len(sb) > 1 else None
     ep, final = ctx.take_epilogue(node, F32, bias[1] if bias else None)
+    if ctx.gpu:
+        spec_gpu = gpu_linalg.matmul_kernel("matmul", gpu_linalg.MatmulLayout(batch, a2[:-2], b2[:-2], m, k, n), ep,
+                                            bias_strides=[0, 1] if bias else None)
+        inputs = [a, b] + ([ctx.add_weight(np.ascontiguousarray(bias[0]), node.output[0] + ".bias")] if bias else [])
+        ctx.emit(spec_gpu, inputs, [(final, F32, out)])
+        return
     epi = _epilogue_loop(dims_product(batch) * m, n, "Y", 1.0, "bias" if bias else None, [0, 1], ep)
     source, own = matmul_source(batch, a2[:-2], b2[:-2], m, k, n, epi, bias is not None)
     spec = KernelSpec("matmul", source, tuple(f"mm_{e}" for e, _ in GEMM_CANDIDATES),
@@ -112,11 +119,14 @@ def _matmul(ctx, node) -> None:
     ctx.emit(spec, inputs, [(final, F32, out)])
 
 
-@register("Gemm")
+@register("Gemm", gpu=True)
 def _gemm(ctx, node) -> None:
     a, b = node.input[0], node.input[1]
     c = node.input[2] if len(node.input) > 2 and node.input[2] else None
     _require_f32(ctx, [a, b] + ([c] if c else []), "Gemm")
+    if ctx.gpu:
+        _gemm_gpu(ctx, node, a, b, c)
+        return
     if ctx.attr(node, "transA", 0):
         a = _transpose_2d(ctx, a)
     if ctx.attr(node, "transB", 0):
@@ -144,3 +154,31 @@ def _gemm(ctx, node) -> None:
     spec = KernelSpec("gemm", source, tuple(f"mm_{e}" for e, _ in GEMM_CANDIDATES), tuple(symbols_of([m, k, n])),
                       entry_sources=own)
     ctx.emit(spec, [a, b] + ([c] if c else []), [(final, F32, [m, n])])
+
+
+def _gemm_gpu(ctx, node, a: str, b: str, c: str | None) -> None:
+    """Gemm as one GPU kernel: a constant operand used transposed is transposed at import (as on
+    the CPU), one computed at run time is read at transposed strides; ``beta`` scales the bias
+    inside the kernel, so a bias computed at run time may have any ``beta``."""
+    shapes = []
+    strides = []
+    for name, flag in ((a, "transA"), (b, "transB")):
+        trans = bool(ctx.attr(node, flag, 0))
+        if trans and ctx.const(name) is not None:
+            name, trans = _transpose_2d(ctx, name), False
+        rows, cols = ctx.shape(name)
+        shapes.append((name, (cols, rows) if trans else (rows, cols)))
+        strides.append([1, cols] if trans else [cols, 1])
+    (a, (m, k)), (b, (k2, n)) = shapes
+    if k != k2:
+        raise NodeUnsupported(f"inner dimensions {k} and {k2} differ")
+    alpha, beta = float(ctx.attr(node, "alpha", 1.0)), float(ctx.attr(node, "beta", 1.0))
+    ep, final = ctx.take_epilogue(node, F32)
+    bias_strides: list[Dim] | None = None
+    if c is not None and beta != 0.0:
+        padded = [1] * (2 - len(ctx.shape(c))) + list(ctx.shape(c))
+        broadcast_shape([[m, n], padded])
+        bias_strides = [0 if padded[0] == 1 else n if padded[1] != 1 else 1, 0 if padded[1] == 1 else 1]
+    lay = gpu_linalg.MatmulLayout([], [], [], m, k, n, strides[0], strides[1])
+    spec = gpu_linalg.matmul_kernel("gemm", lay, ep, alpha=alpha, beta=beta, bias_strides=bias_strides)
+    ctx.emit(spec, [a, b] + ([c] if bias_strides is not None else []), [(final, F32, [m, n])])

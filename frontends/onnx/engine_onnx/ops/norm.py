@@ -2,7 +2,8 @@
 LRN, Softmax/LogSoftmax (any axis, both the pre-13 "coerce to 2-D" and the per-axis semantics),
 LayerNormalization (with its optional Mean and InvStdDev outputs), InstanceNormalization (scale
 and bias constant or computed at run time). float32; reductions accumulate in float and subtract
-the maximum (softmax)."""
+the maximum (softmax). On GPU kinds (``gpu_norm``; LRN in ``gpu_conv``) the same ops but
+training-mode BatchNormalization."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from engine_onnx.codegen import (PARALLEL_WORK, TRANSCENDENTAL_COST, KernelSpec,
                                  source_with_entries)
 from engine_onnx.dims import Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import register
+from engine_onnx.ops import gpu_norm, register
 from engine_onnx.ops.elementwise import emit_elementwise
 from engine_onnx.vecmath import math_preamble
 
@@ -28,7 +29,7 @@ def _f32(ctx, node, *names):
             raise NodeUnsupported(f"{node.op_type} on {ctx.dtype(n).name} (float32 only)")
 
 
-@register("BatchNormalization")
+@register("BatchNormalization", gpu=True)
 def _batchnorm(ctx, node) -> None:
     _f32(ctx, node, *node.input[:5])
     training = bool(ctx.attr(node, "training_mode", 0))
@@ -60,6 +61,12 @@ def _batchnorm_kernel(ctx, node, training: bool) -> None:
     for n in node.input[1:5]:
         if list(ctx.shape(n)) != [c]:
             raise NodeUnsupported(f"scale, bias, mean or variance of shape {list(ctx.shape(n))} (expected [{c}])")
+    if ctx.gpu:
+        if training:
+            raise NodeUnsupported("training_mode on GPU kinds (inference only)")
+        ctx.emit(gpu_norm.batchnorm_kernel(xs, float(ctx.attr(node, "epsilon", 1e-5))), list(node.input[:5]),
+                 [(node.output[0], F32, xs)])
+        return
     plane = int(dims_product(xs[2:]))
     eps = float(ctx.attr(node, "epsilon", 1e-5))
     mom = float(ctx.attr(node, "momentum", 0.9))
@@ -101,7 +108,7 @@ def _batchnorm_kernel(ctx, node, training: bool) -> None:
              list(node.input[:5]), outs)
 
 
-@register("LRN")
+@register("LRN", gpu=True)
 def _lrn(ctx, node) -> None:
     _f32(ctx, node, node.input[0])
     xs = list(ctx.shape(node.input[0]))
@@ -110,6 +117,11 @@ def _lrn(ctx, node) -> None:
     size = int(ctx.attr(node, "size"))
     alpha, beta, bias = (float(ctx.attr(node, "alpha", 1e-4)), float(ctx.attr(node, "beta", 0.75)),
                          float(ctx.attr(node, "bias", 1.0)))
+    if ctx.gpu:
+        from engine_onnx.ops.gpu_conv import lrn_kernel
+
+        ctx.emit(lrn_kernel(xs, size, alpha, beta, bias), [node.input[0]], [(node.output[0], F32, xs)])
+        return
     c = xs[1]
     plane = int(dims_product(xs[2:]))
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
@@ -130,7 +142,7 @@ def _lrn(ctx, node) -> None:
              [(node.output[0], F32, xs)])
 
 
-@register("Softmax", "LogSoftmax")
+@register("Softmax", "LogSoftmax", gpu=True)
 def _softmax(ctx, node) -> None:
     _f32(ctx, node, node.input[0])
     xs = list(ctx.shape(node.input[0]))
@@ -141,6 +153,10 @@ def _softmax(ctx, node) -> None:
         axis = int(ctx.attr(node, "axis", -1)) % len(xs)
         outer, dim, inner = dims_product(xs[:axis]), xs[axis], dims_product(xs[axis + 1:])
     log = node.op_type == "LogSoftmax"
+    if ctx.gpu:
+        ctx.emit(gpu_norm.softmax_kernel(node.op_type.lower(), xs, outer, dim, inner, log), [node.input[0]],
+                 [(node.output[0], F32, xs)])
+        return
     decls = "    const float *X = (const float *)t[0]; float *Y = (float *)t[1];\n"
     if inner == 1:
         # A contiguous row (the usual last axis): maximum and sum in eight lanes, the exponentials
@@ -176,7 +192,7 @@ def _softmax(ctx, node) -> None:
              [node.input[0]], [(node.output[0], F32, xs)])
 
 
-@register("LayerNormalization")
+@register("LayerNormalization", gpu=True)
 def _layernorm(ctx, node) -> None:
     _f32(ctx, node, node.input[0])
     stats = [o if ctx.is_used(o) else None for o in list(node.output[1:3]) + [None] * (3 - len(node.output))][:2]
@@ -196,6 +212,11 @@ def _layernorm(ctx, node) -> None:
             raise NodeUnsupported("scale/bias that broadcast partially (only full-size scale and bias)")
     _f32(ctx, node, *names[1:])
     ep, final = ctx.take_epilogue(node, F32)
+    if ctx.gpu:
+        spec = gpu_norm.layernorm_kernel(xs, outer, d, eps, bias is not None, ep, bool(stats[0]), bool(stats[1]))
+        stat_shape = xs[:axis] + [1] * (len(xs) - axis)
+        ctx.emit(spec, names, [(final, F32, xs)] + [(name, F32, stat_shape) for name in stats if name])
+        return
     out_slot = len(names)
     bias_expr = " + Bb[j]" if bias else ""
     # the optional Mean and InvStdDev outputs follow Y, in that order, when a consumer reads them
@@ -223,7 +244,7 @@ def _layernorm(ctx, node) -> None:
              names, outs)
 
 
-@register("InstanceNormalization")
+@register("InstanceNormalization", gpu=True)
 def _instancenorm(ctx, node) -> None:
     x, scale, bias = node.input[0], node.input[1], node.input[2]
     _f32(ctx, node, x, scale, bias)
@@ -238,6 +259,9 @@ def _instancenorm(ctx, node) -> None:
             raise NodeUnsupported(f"scale or bias of shape {list(ctx.shape(n))} (expected [{c}])")
     eps = float(ctx.attr(node, "epsilon", 1e-5))
     ep, final = ctx.take_epilogue(node, F32)
+    if ctx.gpu:
+        ctx.emit(gpu_norm.instancenorm_kernel(xs, eps, ep), [x, scale, bias], [(final, F32, xs)])
+        return
     body = f"""    const float *X = (const float *)t[0], *S = (const float *)t[1], *Bb = (const float *)t[2];
     float *Y = (float *)t[3];
     #pragma omp parallel for schedule(static) if ({dim_c(xs[0])} * {c} * {plane} > 65536)

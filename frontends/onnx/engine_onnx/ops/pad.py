@@ -3,7 +3,8 @@
 The pads (an attribute before opset 11, an input since; ``axes`` since 18) and the constant value
 must be known at import. Each padded axis gets an index table computed with ``numpy.pad`` on the
 axis' index range, which is exactly the rule ONNX's reference evaluator applies, and the copy is
-one ``axis_map`` kernel; unpadded axes (a dynamic batch among them) are copied unchanged.
+one ``axis_map`` kernel (on GPU kinds too); unpadded axes (a dynamic batch among them) are copied
+unchanged.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 from engine_onnx.dims import Mono
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
-from engine_onnx.ops.axis_map import axis_map_spec
+from engine_onnx.ops.axis_map import emit_axis_map
 
 _MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
 
@@ -35,7 +36,7 @@ def _index_table(n: int, before: int, after: int, mode: str) -> np.ndarray:
     return np.pad(idx, (b, a), mode=_MODES[mode])
 
 
-@register("Pad")
+@register("Pad", gpu=True)
 def _pad(ctx, node) -> None:
     x = node.input[0]
     xs = list(ctx.shape(x))
@@ -75,5 +76,4 @@ def _pad(ctx, node) -> None:
         out.append(len(tab))
     if dt.kind in "iub" and mode == "constant":
         value = int(value)
-    spec = axis_map_spec("pad", out, xs, tables, dt, value)
-    ctx.emit(spec, [x], [(node.output[0], dt, out)])
+    emit_axis_map(ctx, "pad", x, node.output[0], out, xs, tables, dt, value)

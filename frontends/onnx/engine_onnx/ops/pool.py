@@ -8,7 +8,8 @@ count (both clipped to the input, or to the padded extent with ``count_include_p
 whose buffer would not fit a thread's stack is pooled one window at a time.
 Maxima are taken branch-free (``m = v > m ? v : m``, one ``maxps``): a NaN input is skipped rather
 than propagated, and the compare-or-NaN form it replaces was two orders of magnitude slower on
-random data (mispredicted branches)."""
+random data (mispredicted branches). On GPU kinds: ``gpu_conv.pool_kernel`` and
+``global_pool_kernel``, the same windows and counts one output element (or plane) at a time."""
 
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def _per_window_body(is_max: bool, g: dict, planes, ep) -> str:
 """
 
 
-@register("MaxPool", "AveragePool")
+@register("MaxPool", "AveragePool", gpu=True)
 def _pool(ctx, node) -> None:
     xs = _check(ctx, node)
     is_max = node.op_type == "MaxPool"
@@ -150,10 +151,16 @@ def _pool(ctx, node) -> None:
     include_pad = bool(ctx.attr(node, "count_include_pad", 0))
     planes = dims_product(xs[:2])
     ep, final = ctx.take_epilogue(node, F32)
+    out = xs[:2] + ([OW] if len(xs) == 3 else [OH, OW])
     geometry = dict(H=H, W=W, OH=OH, OW=OW, KH=KH, KW=KW, SH=strides[0], SW=strides[1], PT=pb[0], PL=pb[1],
                     DH=dil[0], DW=dil[1], HE=H + pe[0], WE=W + pe[1], INCLUDE_PAD=int(include_pad))
     hpad = (OH - 1) * strides[0] + (KH - 1) * dil[0] + 1
     geometry["HPAD"] = hpad
+    if ctx.gpu:
+        from engine_onnx.ops.gpu_conv import pool_kernel
+
+        ctx.emit(pool_kernel(is_max, planes, geometry, ep, symbols_of(xs)), [node.input[0]], [(final, F32, out)])
+        return
     if phase_plane_floats(OW, KW, strides[1], dil[1], hpad) <= MAX_PLANE_FLOATS:
         preamble = _windows(is_max, geometry, ep("acc[ow]") if is_max else ep("(acc[ow] / (ch * cw[ow]))"))
         body = ("    const float *X = (const float *)t[0]; float *Y = (float *)t[1];\n"
@@ -162,17 +169,22 @@ def _pool(ctx, node) -> None:
     else:
         preamble, body = "", _per_window_body(is_max, geometry, planes, ep)
     syms = tuple(symbols_of(xs))
-    out = xs[:2] + ([OW] if len(xs) == 3 else [OH, OW])
     ctx.emit(KernelSpec(node.op_type.lower(), source_with_entries(preamble, [("pool", body)], syms), ("pool",), syms),
              [node.input[0]], [(final, F32, out)])
 
 
-@register("GlobalAveragePool", "GlobalMaxPool")
+@register("GlobalAveragePool", "GlobalMaxPool", gpu=True)
 def _global_pool(ctx, node) -> None:
     xs = _check(ctx, node)
     size = int(dims_product(xs[2:]))
     planes = dims_product(xs[:2])
     ep, final = ctx.take_epilogue(node, F32)
+    if ctx.gpu:
+        from engine_onnx.ops.gpu_conv import global_pool_kernel
+
+        spec = global_pool_kernel(node.op_type == "GlobalMaxPool", planes, size, ep, symbols_of(xs))
+        ctx.emit(spec, [node.input[0]], [(final, F32, xs[:2] + [1] * (len(xs) - 2))])
+        return
     if node.op_type == "GlobalMaxPool":
         red = "const float m = eng_maxf(x, SIZE);"
         res = ep("m")

@@ -1,7 +1,8 @@
 """Reductions: ReduceSum/Mean/Max/Min/Prod/SumSquare/L1/L2 over any axes (attribute or input form,
 ``keepdims``, ``noop_with_empty_axes``). One pass over the input in memory order accumulating into
 the output (strides 0 along reduced axes), so any axis set costs the same loop nest. Max and Min
-are branch-free compares (a NaN input is skipped, not propagated)."""
+are branch-free compares (a NaN input is skipped, not propagated). On GPU kinds, one thread per
+output element (``gpu_norm.reduce_kernel``) with the same accumulations."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
 from engine_onnx.dims import dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import register
+from engine_onnx.ops import gpu_norm, register
 from engine_onnx.ops.elementwise import lit, loop_nest
 from engine_onnx.ops.shape import axes_of
 
@@ -18,7 +19,7 @@ _INIT = {"ReduceSum": 0, "ReduceMean": 0, "ReduceSumSquare": 0, "ReduceL1": 0, "
          "ReduceMax": -np.inf, "ReduceMin": np.inf}
 
 
-@register(*_INIT)
+@register(*_INIT, gpu=True)
 def _reduce(ctx, node) -> None:
     op = node.op_type
     x = node.input[0]
@@ -48,6 +49,9 @@ def _reduce(ctx, node) -> None:
            "ReduceMin": "v < o ? v : o"}[op]
     if dt.kind != "f":
         acc = acc.replace("fabs(v)", "(v < 0 ? -v : v)")
+    if ctx.gpu:
+        ctx.emit(gpu_norm.reduce_kernel(op.lower(), xs, red, dt, init, acc, op), [x], [(node.output[0], dt, out)])
+        return
     sizes, strides = loop_nest(xs, [keep])
     if not sizes:
         sizes, strides = [1], [[0]]

@@ -9,8 +9,9 @@ reference evaluator (coordinate transform, then the mode's coefficients over the
 clamped to the edge), so the kernel holds only tables. Nearest resizing has one tap of weight 1
 and becomes an ``axis_map`` copy (any dtype); linear and cubic sum the products of the axes' taps
 (float types, accumulated in float). Axes that are not resized (a dynamic batch) are copied.
-Opset 10's Resize and Upsample have no transformation attribute: they are ``asymmetric`` with
-``floor`` rounding for nearest, as their specifications' examples compute.
+On GPU kinds the same tables reach one thread per output element as weight inputs
+(``gpu_indexing``). Opset 10's Resize and Upsample have no transformation attribute: they are
+``asymmetric`` with ``floor`` rounding for nearest, as their specifications' examples compute.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
 from engine_onnx.dims import Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
-from engine_onnx.ops.axis_map import axis_map_spec
+from engine_onnx.ops.axis_map import emit_axis_map
 
 _CTMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
          "tf_crop_and_resize")
@@ -124,7 +125,7 @@ def _params(ctx, node, rank: int):
     return (None if scales is None else scales.astype(np.float64)), sizes, roi, axes
 
 
-@register("Resize", "Upsample")
+@register("Resize", "Upsample", gpu=True)
 def _resize(ctx, node) -> None:
     x = node.input[0]
     xs = list(ctx.shape(x))
@@ -207,7 +208,15 @@ def _resize(ctx, node) -> None:
             pick = idx[np.arange(len(idx)), np.argmax(w, axis=1)]
             maps.append(np.where(extrap, -1, pick))
         fill = ev if dt.kind == "f" else int(ev)
-        ctx.emit(axis_map_spec("resize", out, xs, maps, dt, fill), [x], [(node.output[0], dt, out)])
+        emit_axis_map(ctx, "resize", x, node.output[0], out, xs, maps, dt, fill)
+        return
+    if ctx.gpu:
+        from engine_onnx.ops.elementwise import lit
+        from engine_onnx.ops.gpu_indexing import taps_kernel
+
+        spec, idx, weights = taps_kernel(out, xs, tables, dt, lit(ev, dt))
+        ctx.emit(spec, [x, ctx.add_weight(idx, f"{node.output[0]}.resize_indices"),
+                        ctx.add_weight(weights, f"{node.output[0]}.resize_weights")], [(node.output[0], dt, out)])
         return
     ctx.emit(_weighted_spec(out, xs, tables, dt, ev), [x], [(node.output[0], dt, out)])
 

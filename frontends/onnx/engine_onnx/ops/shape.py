@@ -14,9 +14,10 @@ from typing import Sequence
 import numpy as np
 
 from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
-from engine_onnx.dims import Dim, Mono, dim_c, dim_div, dims_product, symbols_of
+from engine_onnx.dims import Dim, Mono, dim_c, dim_div, dims_product, merge_axes, symbols_of
 from engine_onnx.errors import NodeUnsupported, UnsupportedModelError, UnsupportedNode
-from engine_onnx.ops import register
+from engine_onnx.gpu import gpu_ctype
+from engine_onnx.ops import gpu_kernels, register
 
 __all__ = ["emit_copy", "strided_copy_source", "axes_of"]
 
@@ -44,17 +45,7 @@ def strided_copy_source(out_shape: Sequence[Dim], in_strides: Sequence[Dim], bas
                         refuse_if: Sequence[str] = ()) -> str:
     """``out[i...] = in[base + sum(i_k * in_strides[k])]`` over the output's axes; the kernel fails
     (returns 1) without writing when one of the C conditions ``refuse_if`` holds."""
-    sizes: list[Dim] = []
-    strides: list[Dim] = []
-    for size, st in zip(out_shape, in_strides):
-        if size == 1:
-            continue
-        if sizes and strides[-1] == st * size:
-            sizes[-1] = sizes[-1] * size
-            strides[-1] = st
-        else:
-            sizes.append(size)
-            strides.append(st)
+    sizes, strides = merge_axes(out_shape, in_strides)
     t = ctype(dtype)
     body = "".join(f"    if ({cond}) return 1;\n" for cond in refuse_if)
     body += f"    const {t} *restrict in = (const {t} *)t[0] + {dim_c(base)};\n    {t} *restrict out = ({t} *)t[1];\n"
@@ -74,7 +65,7 @@ def strided_copy_source(out_shape: Sequence[Dim], in_strides: Sequence[Dim], bas
 def _output_ctype(ctx, name: str, dtype: np.dtype) -> str:
     """The C type of graph output ``name``; the walk is over, so a refusal is the model's error."""
     try:
-        return ctype(dtype)
+        return gpu_ctype(dtype) if ctx.gpu else ctype(dtype)
     except NodeUnsupported as exc:
         raise UnsupportedModelError([UnsupportedNode(name, "output", str(exc))], ctx.name) from None
 
@@ -84,6 +75,9 @@ def emit_copy(ctx, src: str, dst: str) -> None:
     shape = ctx.shape(src)
     dtype = ctx.dtype(src)
     t = _output_ctype(ctx, src, dtype)
+    if ctx.gpu:
+        ctx.emit(gpu_kernels.copy_kernel(shape, dtype), [src], [(dst, dtype, shape)])
+        return
     n = dims_product(shape)
     body = f"    memcpy(t[1], t[0], (size_t){dim_c(n)} * sizeof({t}));\n"
     spec = KernelSpec("copy", source_with_entries("", [("copy", body)], symbols_of(shape)), ("copy",),
@@ -95,6 +89,13 @@ def emit_constant(ctx, src: str, dst: str) -> None:
     """A graph output known at import, written by a kernel holding its (small) value."""
     arr = np.require(ctx.const(src), requirements="C")
     t = _output_ctype(ctx, src, arr.dtype)
+    if ctx.gpu and arr.size:  # the value as a weight on the device, copied: kernels there hold no tables
+        emit_copy(ctx, src, dst)
+        return
+    if ctx.gpu:  # nothing to write (a bundle's weights may not all be empty)
+        ctx.emit(gpu_kernels.fill_kernel("constant", arr.shape, arr.dtype, "0"), [],
+                 [(dst, arr.dtype, tuple(int(d) for d in arr.shape))])
+        return
     if arr.dtype.kind == "f":
         items = [float(v).hex() if np.isfinite(v) else ("NAN" if np.isnan(v) else "INFINITY" if v > 0 else
                                                           "-INFINITY") for v in arr.reshape(-1).tolist()]
@@ -109,12 +110,12 @@ def emit_constant(ctx, src: str, dst: str) -> None:
     ctx.emit(spec, [], [(dst, arr.dtype, tuple(int(d) for d in arr.shape))])
 
 
-@register("Identity")
+@register("Identity", gpu=True)
 def _identity(ctx, node) -> None:
     ctx.alias(node.output[0], node.input[0], ctx.shape(node.input[0]))
 
 
-@register("Dropout")
+@register("Dropout", gpu=True)
 def _dropout(ctx, node) -> None:
     if len(node.input) > 2 and node.input[2]:
         mode = ctx.require_const(node.input[2], "Dropout training_mode")
@@ -122,14 +123,17 @@ def _dropout(ctx, node) -> None:
             raise NodeUnsupported("training_mode=True (only inference is supported)")
     shape = list(ctx.shape(node.input[0]))
     ctx.alias(node.output[0], node.input[0], shape)
-    if len(node.output) > 1 and ctx.is_used(node.output[1]):  # inference keeps every element: all true
+    if len(node.output) > 1 and ctx.is_used(node.output[1]) and ctx.gpu:
+        ctx.emit(gpu_kernels.fill_kernel("mask", shape, np.dtype(bool), "1"), [],
+                 [(node.output[1], np.dtype(bool), shape)])
+    elif len(node.output) > 1 and ctx.is_used(node.output[1]):  # inference keeps every element: all true
         body = f"    memset(t[0], 1, (size_t){dim_c(dims_product(shape))});\n"
         syms = tuple(symbols_of(shape))
         ctx.emit(KernelSpec("mask", source_with_entries("", [("mask", body)], syms), ("mask",), syms), [],
                  [(node.output[1], np.dtype(bool), shape)])
 
 
-@register("Reshape")
+@register("Reshape", gpu=True)
 def _reshape(ctx, node) -> None:
     src = ctx.shape(node.input[0])
     if ctx.opset < 5:
@@ -157,7 +161,7 @@ def _reshape(ctx, node) -> None:
     ctx.alias(node.output[0], node.input[0], out)
 
 
-@register("Flatten")
+@register("Flatten", gpu=True)
 def _flatten(ctx, node) -> None:
     s = ctx.shape(node.input[0])
     axis = int(ctx.attr(node, "axis", 1))
@@ -165,7 +169,7 @@ def _flatten(ctx, node) -> None:
     ctx.alias(node.output[0], node.input[0], [dims_product(s[:axis]), dims_product(s[axis:])])
 
 
-@register("Squeeze")
+@register("Squeeze", gpu=True)
 def _squeeze(ctx, node) -> None:
     s = list(ctx.shape(node.input[0]))
     axes = axes_of(ctx, node)
@@ -179,7 +183,7 @@ def _squeeze(ctx, node) -> None:
     ctx.alias(node.output[0], node.input[0], out)
 
 
-@register("Unsqueeze")
+@register("Unsqueeze", gpu=True)
 def _unsqueeze(ctx, node) -> None:
     s = list(ctx.shape(node.input[0]))
     axes = axes_of(ctx, node)
@@ -189,13 +193,17 @@ def _unsqueeze(ctx, node) -> None:
     ctx.alias(node.output[0], node.input[0], s)
 
 
-@register("Transpose")
+@register("Transpose", gpu=True)
 def _transpose(ctx, node) -> None:
     s = ctx.shape(node.input[0])
     perm = ctx.attr(node, "perm", list(range(len(s)))[::-1])
     st = _strides(s)
     out = [s[p] for p in perm]
     dtype = ctx.dtype(node.input[0])
+    if ctx.gpu:
+        ctx.emit(gpu_kernels.strided_copy_kernel("transpose", out, [st[p] for p in perm], 0, dtype), [node.input[0]],
+                 [(node.output[0], dtype, out)])
+        return
     spec = KernelSpec("transpose", strided_copy_source(out, [st[p] for p in perm], 0, dtype), ("copy",),
                       tuple(symbols_of(out)))
     ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, out)])
@@ -220,7 +228,7 @@ def _slice_params(ctx, node, shape):
     return starts, ends, [a % len(shape) for a in axes], steps
 
 
-@register("Slice")
+@register("Slice", gpu=True)
 def _slice(ctx, node) -> None:
     s = list(ctx.shape(node.input[0]))
     starts, ends, axes, steps = _slice_params(ctx, node, s)
@@ -256,12 +264,17 @@ def _slice(ctx, node) -> None:
             base = base + stv * b
     dtype = ctx.dtype(node.input[0])
     in_strides = [stv * sp for stv, sp in zip(strides, step)]
+    if ctx.gpu:  # a GPU kernel cannot fail: past a guarded bound it repeats the input's last element
+        ctx.emit(gpu_kernels.strided_copy_kernel("slice", out, in_strides, base, dtype,
+                                                 in_size=dims_product(s) if guards else None),
+                 [node.input[0]], [(node.output[0], dtype, out)])
+        return
     spec = KernelSpec("slice", strided_copy_source(out, in_strides, base, dtype, refuse_if=guards), ("copy",),
                       tuple(symbols_of([*out, *in_strides])))
     ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, out)])
 
 
-@register("Expand")
+@register("Expand", gpu=True)
 def _expand(ctx, node) -> None:
     from engine_onnx.ops.elementwise import broadcast_shape
 
@@ -274,12 +287,16 @@ def _expand(ctx, node) -> None:
     st = _strides(padded)
     in_strides = [0 if p == 1 and o != 1 else x for p, o, x in zip(padded, out, st)]
     dtype = ctx.dtype(node.input[0])
+    if ctx.gpu:
+        ctx.emit(gpu_kernels.strided_copy_kernel("expand", out, in_strides, 0, dtype), [node.input[0]],
+                 [(node.output[0], dtype, out)])
+        return
     spec = KernelSpec("expand", strided_copy_source(out, in_strides, 0, dtype), ("copy",),
                       tuple(symbols_of([*out, *in_strides])))
     ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, out)])
 
 
-@register("Concat")
+@register("Concat", gpu=True)
 def _concat(ctx, node) -> None:
     names = [n for n in node.input if n]
     shapes = [list(ctx.shape(n)) for n in names]
@@ -304,6 +321,10 @@ def _concat(ctx, node) -> None:
     starts: list[Dim] = [0]
     for inner in inners:
         starts.append(starts[-1] + inner)
+    if ctx.gpu:
+        ctx.emit(gpu_kernels.concat_kernel(outer, inners, starts, dtype, out), names,
+                 [(node.output[0], dtype, out)])
+        return
     body = f"    {t} *restrict out = ({t} *)t[{len(copied) + bool(fill)}];\n"
     body += f"    const int64_t width = {dim_c(dims_product([total_axis, row]))};\n"
     body += f"    for (int64_t o = 0; o < {dim_c(outer)}; o++) {{\n"
@@ -317,7 +338,7 @@ def _concat(ctx, node) -> None:
     ctx.emit(spec, inputs, [(node.output[0], dtype, out)], in_place={0: len(copied)} if fill else None)
 
 
-@register("Split")
+@register("Split", gpu=True)
 def _split(ctx, node) -> None:
     s = list(ctx.shape(node.input[0]))
     axis = ctx.attr(node, "axis", 0) % len(s)
@@ -337,6 +358,11 @@ def _split(ctx, node) -> None:
     outer = dims_product(s[:axis])
     row = dims_product(s[axis + 1:])
     width = dims_product([s[axis], row])
+    if ctx.gpu:
+        outs_g = [(node.output[j], dtype, s[:axis] + [size] + s[axis + 1:]) for j, size in enumerate(sizes)]
+        ctx.emit(gpu_kernels.split_kernel(s, outer, width, [dims_product([size, row]) for size in sizes], dtype),
+                 [node.input[0]], outs_g)
+        return
     body = f"    const {t} *restrict in = (const {t} *)t[0];\n"
     body += f"    for (int64_t o = 0; o < {dim_c(outer)}; o++) {{\n        int64_t at = o * {dim_c(width)};\n"
     outs = []
@@ -351,7 +377,7 @@ def _split(ctx, node) -> None:
              [node.input[0]], outs)
 
 
-@register("Gather")
+@register("Gather", gpu=True)
 def _gather(ctx, node) -> None:
     data = list(ctx.shape(node.input[0]))
     ind = list(ctx.shape(node.input[1]))
@@ -364,6 +390,10 @@ def _gather(ctx, node) -> None:
     n_idx = dims_product(ind)
     dim = data[axis]
     out = data[:axis] + ind + data[axis + 1:]
+    if ctx.gpu:
+        ctx.emit(gpu_kernels.gather_kernel(data, ind, out, outer, n_idx, inner, dim, dtype, ctx.dtype(node.input[1])),
+                 [node.input[0], node.input[1]], [(node.output[0], dtype, out)])
+        return
     body = (f"    const {t} *restrict in = (const {t} *)t[0]; const {it} *restrict idx = (const {it} *)t[1];\n"
             f"    {t} *restrict out = ({t} *)t[2];\n"
             f"    for (int64_t o = 0; o < {dim_c(outer)}; o++)\n"
@@ -377,7 +407,7 @@ def _gather(ctx, node) -> None:
              [node.input[0], node.input[1]], [(node.output[0], dtype, out)])
 
 
-@register("ConstantOfShape")
+@register("ConstantOfShape", gpu=True)
 def _constant_of_shape(ctx, node) -> None:
     v = ctx.value(node.input[0])
     if v is None:
@@ -389,6 +419,10 @@ def _constant_of_shape(ctx, node) -> None:
     from engine_onnx.ops.elementwise import lit
 
     t = ctype(dtype)
+    if ctx.gpu:
+        ctx.emit(gpu_kernels.fill_kernel("fill", out, dtype, lit(arr[0].item(), dtype)), [],
+                 [(node.output[0], dtype, out)])
+        return
     body = (f"    {t} *restrict out = ({t} *)t[0];\n"
             f"    for (int64_t i = 0; i < {dim_c(dims_product(out))}; i++) out[i] = {lit(arr[0].item(), dtype)};\n")
     syms = tuple(symbols_of(out))
@@ -396,15 +430,15 @@ def _constant_of_shape(ctx, node) -> None:
              [(node.output[0], dtype, out)])
 
 
-@register("Constant", "Shape", "Size")
+@register("Constant", "Shape", "Size", gpu=True)
 def _folded_only(ctx, node) -> None:
     """These are always folded at import (``folding``); reaching here means the fold failed."""
     raise NodeUnsupported("cannot be evaluated at import (sparse or unsupported constant, or unknown shape)")
 
 
-@register("Tile")
+@register("Tile", gpu=True)
 def _tile(ctx, node) -> None:
-    from engine_onnx.ops.axis_map import axis_map_spec
+    from engine_onnx.ops.axis_map import emit_axis_map
 
     s = list(ctx.shape(node.input[0]))
     reps = [int(r) for r in ctx.require_const(node.input[1], "the Tile repeats").reshape(-1)]
@@ -422,10 +456,10 @@ def _tile(ctx, node) -> None:
             tables.append(np.tile(np.arange(int(d), dtype=np.int64), r))
             out.append(int(d) * r)
     dtype = ctx.dtype(node.input[0])
-    ctx.emit(axis_map_spec("tile", out, s, tables, dtype), [node.input[0]], [(node.output[0], dtype, out)])
+    emit_axis_map(ctx, "tile", node.input[0], node.output[0], out, s, tables, dtype)
 
 
-@register("Range")
+@register("Range", gpu=True)
 def _range(ctx, node) -> None:
     """Folded at import when start, limit and delta are constants (``folding``). A limit that is a
     dynamic dimension (``arange(seq_len)`` in torch exports: ``Range(0, Shape(x)[1], 1)``) with a
@@ -443,6 +477,10 @@ def _range(ctx, node) -> None:
     length = dim_div(limit, int(delta))
     dtype = next((ctx.dtype(n) for n in node.input[:3] if ctx.const(n) is not None), np.dtype("int64"))
     t = ctype(dtype)
+    if ctx.gpu:
+        ctx.emit(gpu_kernels.fill_kernel("range", [length], dtype, f"i * {int(delta)}"), [],
+                 [(node.output[0], dtype, [length])])
+        return
     body = (f"    {t} *restrict out = ({t} *)t[0];\n"
             f"    for (int64_t i = 0; i < {dim_c(length)}; i++) out[i] = ({t})(i * {int(delta)});\n")
     syms = tuple(symbols_of([length]))
