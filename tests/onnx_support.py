@@ -59,23 +59,32 @@ def _kinds() -> dict:
     return {d.kind: d for d in engine.devices()}
 
 
+def gpu_kinds() -> list[str]:
+    """The GPU kinds the ONNX GPU tests run on: those of ``ENGINE_TEST_GPU_KINDS`` (comma-separated;
+    default ``opencl,cuda``) whose plugin can run kernels here."""
+    wanted = [k.strip() for k in os.environ.get("ENGINE_TEST_GPU_KINDS", "opencl,cuda").split(",") if k.strip()]
+    kinds = _kinds()
+    return [k for k in wanted if kinds.get(k) is not None and kinds[k].available]
+
+
 def gpu_reason() -> str | None:
-    """Why no GPU kind can run kernels here, or None when one can: OpenCL (PoCL in CI) or CUDA."""
+    """Why no GPU kind (``gpu_kinds``) can run kernels here, or None when one can."""
     try:
+        if gpu_kinds():
+            return None
         kinds = _kinds()
     except Exception as exc:  # pragma: no cover - reported as the skip reason
         return f"engine.devices() failed: {exc}"
-    if any(kinds.get(k) is not None and kinds[k].available for k in ("opencl", "cuda")):
-        return None
-    why = {k: (kinds[k].reason if k in kinds else "plugin not installed") for k in ("opencl", "cuda")}
-    return f"neither opencl ({why['opencl']}) nor cuda ({why['cuda']}) can run kernels here"
+    wanted = os.environ.get("ENGINE_TEST_GPU_KINDS", "opencl,cuda")
+    why = "; ".join(f"{k}: {kinds[k].reason if k in kinds else 'plugin not installed'}" for k in wanted.split(","))
+    return f"no GPU kind of {wanted} can run kernels here ({why})"
 
 
 def check_gpu(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], tmp_path, *, rtol: float = 1e-4,
               batch_symbol: str | None = None) -> list[str]:
     """The model's GPU kernels checked for real where this machine can: converted for ``cuda`` and
     saved, every kernel compiled by NVRTC into cubins for sm_80 and sm_90 (ELF) and PTX; then run
-    on each kind that can run here (``opencl``: PoCL in CI; ``cuda`` on a GPU machine) with host
+    on each kind of ``gpu_kinds()`` (``opencl``: PoCL in CI; ``cuda`` on a GPU machine) with host
     inputs and outputs, for each of ``feeds``, every output against ONNX Runtime's (``rtol``
     relative plus ``rtol`` of its largest magnitude). Returns the kernel names of the last kind run."""
     import json
@@ -83,6 +92,8 @@ def check_gpu(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], tmp_pa
     import engine_onnx
     import onnxruntime as ort
 
+    run_kinds = gpu_kinds()
+    assert run_kinds, gpu_reason()
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -100,13 +111,8 @@ def check_gpu(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], tmp_pa
             for b in cand["binaries"]:
                 if b["format"] == "cubin":
                     assert (meta_path.parent / b["path"]).read_bytes()[:4] == b"\x7fELF"
-    kinds = _kinds()
-    runs = []
-    if kinds.get("opencl") is not None and kinds["opencl"].available:
-        runs.append(("opencl", engine_onnx.convert(model, device="opencl", io_device="cpu", batch_symbol=batch_symbol)))
-    if kinds.get("cuda") is not None and kinds["cuda"].available:  # pragma: no cover - only on a GPU machine
-        runs.append(("cuda", cuda_builder))
-    assert runs, gpu_reason()
+    runs = [(kind, cuda_builder if kind == "cuda" else
+             engine_onnx.convert(model, device=kind, io_device="cpu", batch_symbol=batch_symbol)) for kind in run_kinds]
     names: list[str] = []
     for kind, builder in runs:
         graph = builder.build()
@@ -145,7 +151,7 @@ def check_gpu_candidates(model: onnx.ModelProto, feeds: list[dict[str, np.ndarra
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [i.name for i in model.graph.input if i.name in feeds[0]]
     entries: list[tuple[str, ...]] = []
-    for kind in [k for k in ("opencl", "cuda") if _kinds().get(k) is not None and _kinds()[k].available]:
+    for kind in gpu_kinds():
         graph = engine_onnx.convert(model, device=kind, io_device="cpu").build()
         entries = candidate_entries(graph)
         for j in range(1, max(len(e) for e in entries)):

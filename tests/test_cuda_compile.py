@@ -269,3 +269,22 @@ def test_gpu_check_without_a_gpu_reports_every_gpu_test_skipped_with_the_reason(
     assert steps["benchmark"]["results"] == {"benchmark": "cuda_overhead", "skipped": True, "reason": avail.reason,
                                              "summary": []}
     assert (tmp_path / "gpu-tests-junit.xml").exists() and (tmp_path / "conformance-junit.xml").exists()
+
+
+@pytest.mark.slow
+def test_gpu_check_onnx_without_a_gpu_reports_every_onnx_gpu_test_skipped_with_the_reason(tmp_path, registry):
+    pytest.importorskip("engine_onnx")
+    avail = registry.backend("cuda").availability()
+    if avail.available:
+        pytest.skip("a CUDA device is available here: scripts/gpu-check runs for real (not this test's case)")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check"
+    proc = subprocess.run([sys.executable, str(script), "--no-install", "--onnx"], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OUT": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0].endswith(f"NO GPU, nothing ran on one: {avail.reason}")
+    report = json.loads((tmp_path / "gpu-report.json").read_text())
+    (step,) = report["steps"]
+    assert report["ok"] is True and step["name"] == "onnx-gpu"
+    assert step["skipped"] >= 100 and step["passed"] == step["failed"] == step["errors"] == 0
+    assert {r.split(" (")[0] for r in step["skip_reasons"].values()} == {"no GPU kind of cuda can run kernels here"}
+    assert all(avail.reason in r for r in step["skip_reasons"].values())
