@@ -37,7 +37,8 @@ def _single(op, shape, inits=(), inputs=None, post=(), **attrs) -> onnx.ModelPro
     nodes = [helper.make_node(op, inputs or ["x", *[i.name for i in inits]], ["y0"], **attrs)]
     for k, (p_op, p_attrs) in enumerate(post):
         nodes.append(helper.make_node(p_op, [f"y{k}"], [f"y{k + 1}"], **p_attrs))
-    return small_model(nodes, [value_info("x", T.FLOAT, ["batch", *shape])], [value_info(nodes[-1].output[0], T.FLOAT, None)],
+    return small_model(nodes, [value_info("x", T.FLOAT, ["batch", *shape])],
+                       [value_info(nodes[-1].output[0], T.FLOAT, None)],
                   inits)
 
 
@@ -182,6 +183,7 @@ def test_maxpool_indices_is_refused_on_gpu() -> None:
     from engine_onnx.errors import UnsupportedModelError
 
     nodes = [helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2])]
-    m = small_model(nodes, [value_info("x", T.FLOAT, ["batch", 2, 4, 4])], [value_info("y", T.FLOAT, None), value_info("i", T.INT64, None)])
+    m = small_model(nodes, [value_info("x", T.FLOAT, ["batch", 2, 4, 4])],
+                    [value_info("y", T.FLOAT, None), value_info("i", T.INT64, None)])
     with pytest.raises(UnsupportedModelError, match="Indices"):
         engine_onnx.convert(m, device="opencl", io_device="cpu")

@@ -35,7 +35,8 @@ def _one(op, inits, shape, opset=18, in_type=T.FLOAT, out_type=T.FLOAT, inputs=N
     """A one-node model of ``x`` (batch-symbolic ``shape``) and constant extra inputs."""
     names = inputs if inputs is not None else ["x", *[i.name for i in inits]]
     node = helper.make_node(op, names, ["y"], **attrs)
-    return small_model([node], [value_info("x", in_type, ["batch", *shape])], [value_info("y", out_type, None)], inits, opset)
+    return small_model([node], [value_info("x", in_type, ["batch", *shape])], [value_info("y", out_type, None)], inits,
+                       opset)
 
 
 # -- Pad -------------------------------------------------------------------------------------------
@@ -152,8 +153,8 @@ def test_argmax_along_the_dynamic_batch_of_int32(tmp_path) -> None:
 def test_topk_with_ties(tmp_path, largest, dtype) -> None:
     node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=largest)
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    m = small_model([node], [value_info("x", elem, ["batch", 9, 3])], [value_info("v", elem, None), value_info("i", T.INT64, None)],
-               [_const("k", [4])])
+    m = small_model([node], [value_info("x", elem, ["batch", 9, 3])],
+                    [value_info("v", elem, None), value_info("i", T.INT64, None)], [_const("k", [4])])
     check_gpu(m, _feeds([9, 3], dtype=dtype, integers=True), tmp_path)
 
 

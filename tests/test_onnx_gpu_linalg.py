@@ -48,7 +48,8 @@ def _mm_entries(entries):
 ])
 def test_matmul_shapes_each_candidate(a_shape, b_shape, tmp_path) -> None:
     nodes = [helper.make_node("MatMul", ["a", "b"], ["y"])]
-    m = small_model(nodes, [value_info("a", T.FLOAT, a_shape), value_info("b", T.FLOAT, b_shape)], [value_info("y", T.FLOAT, None)])
+    m = small_model(nodes, [value_info("a", T.FLOAT, a_shape), value_info("b", T.FLOAT, b_shape)],
+                    [value_info("y", T.FLOAT, None)])
     entries = check_gpu_candidates(m, _feeds({"a": a_shape, "b": b_shape}), tmp_path)
     assert _mm_entries(entries) == [("mm_simple", "mm_tiled")]
 

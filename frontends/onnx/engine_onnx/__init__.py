@@ -1,4 +1,4 @@
-"""engine-onnx: ONNX models in, engine bundles out (C kernels for the CPU plugin).
+"""engine-onnx: ONNX models in, engine bundles out (C kernels for the CPU plugin, or CUDA / OpenCL kernels).
 
 ``convert(model)`` returns a ``GraphBuilder``; ``convert_file(src, dst)`` writes a ``.cgb``;
 ``engine convert MODEL.onnx -o MODEL.cgb`` does the same from a terminal. ``EngineOnnxBackend`` is

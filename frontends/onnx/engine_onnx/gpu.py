@@ -120,7 +120,8 @@ def params(inputs: Sequence[str], outputs: Sequence[str], symbols: Sequence[str]
 
 def launch_1d(total: Dim, block: int = BLOCK) -> dict:
     """One thread per element of ``total`` (the kernel guards the tail)."""
-    grid: str | int = -(-int(total) // block) if not isinstance(total, Mono) else f"ceil_div({dim_expr(total)}, {block})"
+    grid: str | int = (f"ceil_div({dim_expr(total)}, {block})" if isinstance(total, Mono)
+                       else -(-int(total) // block))
     return {"grid": [grid, 1, 1], "block": [block, 1, 1]}
 
 

@@ -117,7 +117,8 @@ class Lowering:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
         self.inputs: list[tuple[str, np.dtype, tuple[Dim, ...]]] = []
         self.weights: list[tuple[str, np.ndarray]] = []
-        self.calls: list[tuple[KernelSpec | GpuKernelSpec, list[Ref], list[tuple[np.dtype, tuple[Dim, ...]]], dict[int, int]]] = []
+        self.calls: list[tuple[KernelSpec | GpuKernelSpec, list[Ref], list[tuple[np.dtype, tuple[Dim, ...]]],
+                               dict[int, int]]] = []
         self.consts: dict[str, np.ndarray] = {}
         self.tensors: dict[str, Operand] = {}
         self.unsupported: list[UnsupportedNode] = []
@@ -269,7 +270,8 @@ class Lowering:
                                           tuple(int(d) for d in arr.shape))
         return self._weight_refs[name]
 
-    def emit(self, spec: KernelSpec | GpuKernelSpec, inputs: Iterable[str], outputs: Sequence[tuple[str, Any, Sequence[Dim]]],
+    def emit(self, spec: KernelSpec | GpuKernelSpec, inputs: Iterable[str],
+             outputs: Sequence[tuple[str, Any, Sequence[Dim]]],
              *, in_place: Mapping[int, int] | None = None) -> None:
         """Record one kernel call reading ``inputs`` (names) and producing ``outputs`` (name, dtype, shape);
         ``in_place`` maps an output position to the input position it is written over (the bundle's
