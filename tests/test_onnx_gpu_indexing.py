@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
-from onnx_support import check_gpu, gpu_reason, small_model, value_info
+from onnx_support import check_gpu, gpu_reason, ort_output, small_model, value_info
 
 pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.skipif(gpu_reason() is not None, reason=str(gpu_reason()))
@@ -64,6 +64,30 @@ def test_pad_with_axes_on_int64(tmp_path) -> None:
 def test_pad_opset_2_attributes(tmp_path) -> None:
     m = _one("Pad", [], [2, 3], opset=2, pads=[0, 1, 0, 0, 2, 1], value=-2.0)
     check_gpu(m, _feeds([2, 3]), tmp_path)
+
+
+def _cpu_matches_ort(model, feeds) -> None:
+    import engine_onnx
+
+    graph = engine_onnx.convert(model).build()
+    for feed in feeds:
+        expected = ort_output(model, feed)
+        np.testing.assert_allclose(graph.run_async([feed["x"]])[0].numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_nan_fill_values_compile_and_fill_on_the_cpu_and_gpu_kinds(tmp_path) -> None:
+    """A NaN constant (a Pad value, an extrapolation value) is written as NAN in every kernel."""
+    m = _one("Pad", [_const("p", [0, 1, 2, 0, 0, 1, 0, 1]), _const("v", np.nan, np.float32)], [2, 3, 4])
+    _cpu_matches_ort(m, _feeds([2, 3, 4]))
+    check_gpu(m, _feeds([2, 3, 4]), tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+def test_resize_that_changes_no_axis_is_the_input(tmp_path, mode) -> None:
+    m = _one("Resize", [_const("roi", [], np.float32), _const("s", [1.0, 1.0, 1.0, 1.0], np.float32)], [2, 3, 4],
+             mode=mode)
+    _cpu_matches_ort(m, _feeds([2, 3, 4]))
+    check_gpu(m, _feeds([2, 3, 4]), tmp_path)
 
 
 # -- Tile ------------------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ def lit(value: float, dtype: np.dtype) -> str:
     """A C literal of ``value`` in ``dtype``'s C type."""
     if np.dtype(dtype).kind == "f":
         v = float(value)
-        text = "INFINITY" if v == math.inf else "(-INFINITY)" if v == -math.inf else repr(v)
+        text = ("INFINITY" if v == math.inf else "(-INFINITY)" if v == -math.inf else "NAN" if math.isnan(v)
+                else repr(v))
         return f"(({'float' if np.dtype(dtype).name == 'float16' else ctype(dtype)}){text})"
     return f"(({ctype(dtype)}){int(value)})"
 
