@@ -32,7 +32,6 @@ GPU_KINDS: Mapping[str, str] = {"cuda": "cuda", "opencl": "opencl"}
 BLOCK = 256
 
 _COMMON = r"""
-#define RESTRICT
 #define ceil_div(a, b) (((a) + (b) - 1) / (b))
 """
 
@@ -107,14 +106,12 @@ def gdim(d: Dim) -> str:
     return "(" + " * ".join(parts) + ")"
 
 
-def params(inputs: Sequence[str], outputs: Sequence[str], symbols: Sequence[str], workspace: bool = False) -> str:
+def params(inputs: Sequence[str], outputs: Sequence[str], symbols: Sequence[str]) -> str:
     """A kernel's parameter list: ``inputs``/``outputs`` are C element types, read-only and written
-    (named ``in0…`` and ``out0…``), then the symbols, then the workspace."""
+    (named ``in0…`` and ``out0…``), then the symbols (no kernel here needs a workspace)."""
     parts = [f"GLOBAL const {t} *in{i}" for i, t in enumerate(inputs)]
     parts += [f"GLOBAL {t} *out{i}" for i, t in enumerate(outputs)]
     parts += [f"int64_t s_{s}" for s in symbols]
-    if workspace:
-        parts.append("GLOBAL unsigned char *workspace")
     return ", ".join(parts)
 
 

@@ -277,8 +277,7 @@ class Lowering:
         ``in_place`` maps an output position to the input position it is written over (the bundle's
         ``share_map``)."""
         if self.gpu != isinstance(spec, GpuKernelSpec):
-            raise NodeUnsupported(f"no {self.device} kernel for this operator yet (engine-onnx generates "
-                                  f"{self.device} kernels for {', '.join(gpu_op_list())})")
+            raise NodeUnsupported(f"no {self.device} kernel for this operator yet ({spec.name})")
         refs = [self._ref(n) for n in inputs]
         idx = len(self.calls)
         outs = [(np.dtype(dt), tuple(shape)) for _, dt, shape in outputs]
@@ -444,7 +443,7 @@ class Lowering:
     def _lower(self, node: onnx.NodeProto) -> None:
         """Folds, skips (fused) or lowers one node; an unsupported one is recorded and poisons its outputs."""
         from engine_onnx.folding import try_fold
-        from engine_onnx.ops import GPU_OPS, handler_for
+        from engine_onnx.ops import handler_for
 
         if id(node) in self._fused:
             return
@@ -455,11 +454,7 @@ class Lowering:
             if node.domain in ("", "ai.onnx") and (why := older_definition(node.op_type, self.opset)):
                 raise NodeUnsupported(why)
             if not try_fold(self, node):
-                handler = handler_for(node)
-                if self.gpu and node.op_type not in GPU_OPS:
-                    raise NodeUnsupported(f"no {self.device} kernel for {node.op_type} yet (engine-onnx generates "
-                                          f"{self.device} kernels for {', '.join(gpu_op_list())})")
-                handler(self, node)
+                handler_for(node)(self, node)
         except (NodeUnsupported, DimError) as exc:
             self.unsupported.append(UnsupportedNode(node.name, node.op_type, str(exc)))
             self.poisoned.update(o for o in node.output if o)
@@ -508,14 +503,11 @@ class Lowering:
         kdefs: dict[tuple[str, tuple[str, ...]], Any] = {}
         for idx, (spec, refs, outs, in_place) in enumerate(self.calls):
             key = (spec.source, spec.entries)
-            if key in kdefs:
-                pass
-            elif isinstance(spec, GpuKernelSpec):
-                language = GPU_KINDS[self.device]
+            if key not in kdefs and isinstance(spec, GpuKernelSpec):
                 kdefs[key] = b.kernel(f"{spec.name}_{len(kdefs)}", device=self.device, entries=list(spec.entries),
-                                      source=render(spec.source, self.device), language=language,
+                                      source=render(spec.source, self.device), language=GPU_KINDS[self.device],
                                       launch=[dict(la) for la in spec.launches])
-            else:
+            elif key not in kdefs:
                 kdefs[key] = b.kernel(f"{spec.name}_{len(kdefs)}", entries=list(spec.entries), source=spec.source,
                                       options=spec.options,
                                       entry_code={e: (src, cpu_options(src)) for e, src in spec.entry_sources})
@@ -528,12 +520,6 @@ class Lowering:
             value = values[op.ref]
             b.output(value if self.io_device == self.device else b.copy(value, self.io_device), name)
         return b
-
-
-def gpu_op_list() -> list[str]:
-    from engine_onnx.ops import GPU_OPS
-
-    return sorted(GPU_OPS)
 
 
 def _initializer_array(init: onnx.TensorProto) -> np.ndarray:

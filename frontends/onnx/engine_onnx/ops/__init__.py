@@ -5,9 +5,9 @@ imports them all. A handler reads its inputs through the lowering context, raise
 ``NodeUnsupported`` with the reason for an attribute, dtype or shape it does not handle, and
 emits kernel calls (``ctx.emit``), views (``ctx.alias``) or constants (``ctx.set_const``).
 
-A handler that also generates kernels for GPU-like kinds (``engine_onnx.gpu``; ``ctx.gpu`` is
-true there) registers with ``gpu=True``: the walk refuses every other op on those kinds, by name,
-before its handler runs, so no CPU kernel reaches a GPU bundle.
+On GPU-like kinds (``engine_onnx.gpu``; ``ctx.gpu`` is true there) a handler emits a
+``GpuKernelSpec`` instead; ``ctx.emit`` refuses a CPU kernel there, naming the node, so no CPU
+kernel reaches a GPU bundle.
 """
 
 from __future__ import annotations
@@ -18,20 +18,16 @@ import onnx
 
 from engine_onnx.errors import NodeUnsupported
 
-__all__ = ["register", "handler_for", "supported_ops", "OPS", "GPU_OPS"]
+__all__ = ["register", "handler_for", "supported_ops", "OPS"]
 
 Handler = Callable[..., None]
 OPS: dict[str, Handler] = {}
-#: Op types whose handlers generate GPU kernels as well (filled at import, read-only afterwards).
-GPU_OPS: set[str] = set()
 
 
-def register(*op_types: str, gpu: bool = False) -> Callable[[Handler], Handler]:
+def register(*op_types: str) -> Callable[[Handler], Handler]:
     def wrap(fn: Handler) -> Handler:
         for op in op_types:
             OPS[op] = fn
-            if gpu:
-                GPU_OPS.add(op)
         return fn
     return wrap
 

@@ -314,7 +314,7 @@ def _emit_gpu(ctx, node, x, wn, w, bn_in, b, residual, ep, final, out_shape, c, 
     ctx.emit(spec, inputs, [(final, F32, out_shape)])
 
 
-@register("Conv", gpu=True)
+@register("Conv")
 def _conv(ctx, node) -> None:
     x, wn = node.input[0], node.input[1]
     for n in (x, wn):

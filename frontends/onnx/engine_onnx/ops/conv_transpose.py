@@ -66,7 +66,7 @@ def convtranspose_geometry(ctx, node, spatial: list[int], kernel: list[int]):
     return strides, dil, pads[:r], [full[i] - pads[i] - pads[r + i] for i in range(r)]
 
 
-@register("ConvTranspose", gpu=True)
+@register("ConvTranspose")
 def _conv_transpose(ctx, node) -> None:
     x, wn = node.input[0], node.input[1]
     bn = node.input[2] if len(node.input) > 2 and node.input[2] else None

@@ -378,7 +378,7 @@ def emit_elementwise(ctx, node, inputs: Sequence[str], out_dtype: np.dtype, expr
         _emit_group(ctx, target, group)
 
 
-@register(*UNARY, gpu=True)
+@register(*UNARY)
 def _unary(ctx, node) -> None:
     dtype = ctx.dtype(node.input[0])
     fn = unary_expression(ctx, node, dtype, vector_math=not ctx.gpu)
@@ -393,7 +393,7 @@ _COMPARE = {"Equal": "==", "Less": "<", "Greater": ">", "LessOrEqual": "<=", "Gr
 _LOGIC = {"And": "&&", "Or": "||", "Xor": "!="}
 
 
-@register(*_ARITH, *_COMPARE, *_LOGIC, "Pow", "Mod", "PRelu", "BitwiseAnd", "BitwiseOr", "BitwiseXor", gpu=True)
+@register(*_ARITH, *_COMPARE, *_LOGIC, "Pow", "Mod", "PRelu", "BitwiseAnd", "BitwiseOr", "BitwiseXor")
 def _binary(ctx, node) -> None:
     op = node.op_type
     a_dt = ctx.dtype(node.input[0])
@@ -429,7 +429,7 @@ def _binary(ctx, node) -> None:
         emit_elementwise(ctx, node, node.input[:2], a_dt, lambda a: f"({a[0]} < 0 ? {a[0]} * {a[1]} : {a[0]})")
 
 
-@register("Sum", "Max", "Min", "Mean", gpu=True)
+@register("Sum", "Max", "Min", "Mean")
 def _variadic(ctx, node) -> None:
     names = [n for n in node.input if n]
     dt = ctx.dtype(names[0])
@@ -451,13 +451,13 @@ def _variadic(ctx, node) -> None:
     emit_elementwise(ctx, node, names, dt, expr)
 
 
-@register("Where", gpu=True)
+@register("Where")
 def _where(ctx, node) -> None:
     dt = ctx.dtype(node.input[1])
     emit_elementwise(ctx, node, node.input[:3], dt, lambda a: f"{a[0]} ? {a[1]} : {a[2]}")
 
 
-@register("Cast", gpu=True)
+@register("Cast")
 def _cast(ctx, node) -> None:
     from engine_onnx.lowering import onnx_dtype
 
@@ -474,7 +474,7 @@ def _cast(ctx, node) -> None:
         emit_elementwise(ctx, node, [node.input[0]], to, lambda a: a[0])
 
 
-@register("CastLike", gpu=True)
+@register("CastLike")
 def _cast_like(ctx, node) -> None:
     to = ctx.dtype(node.input[1])
     expr = (lambda a: f"{a[0]} != 0") if to == np.dtype(bool) else (lambda a: a[0])

@@ -28,7 +28,7 @@ def _numeric(node, dt: np.dtype) -> None:
         raise NodeUnsupported(f"{node.op_type} on {dt.name} (numeric types only)")
 
 
-@register("ArgMax", "ArgMin", gpu=True)
+@register("ArgMax", "ArgMin")
 def _arg(ctx, node) -> None:
     x = node.input[0]
     dt = ctx.dtype(x)
@@ -67,7 +67,7 @@ def _arg(ctx, node) -> None:
              [x], [(node.output[0], I64, out)])
 
 
-@register("TopK", gpu=True)
+@register("TopK")
 def _topk(ctx, node) -> None:
     x = node.input[0]
     dt = ctx.dtype(x)

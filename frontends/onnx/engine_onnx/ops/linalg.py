@@ -88,7 +88,7 @@ def _transpose_2d(ctx, name: str) -> str:
     return out
 
 
-@register("MatMul", gpu=True)
+@register("MatMul")
 def _matmul(ctx, node) -> None:
     a, b = node.input[0], node.input[1]
     _require_f32(ctx, [a, b], "MatMul")
@@ -119,7 +119,7 @@ def _matmul(ctx, node) -> None:
     ctx.emit(spec, inputs, [(final, F32, out)])
 
 
-@register("Gemm", gpu=True)
+@register("Gemm")
 def _gemm(ctx, node) -> None:
     a, b = node.input[0], node.input[1]
     c = node.input[2] if len(node.input) > 2 and node.input[2] else None

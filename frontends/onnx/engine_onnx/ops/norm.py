@@ -29,7 +29,7 @@ def _f32(ctx, node, *names):
             raise NodeUnsupported(f"{node.op_type} on {ctx.dtype(n).name} (float32 only)")
 
 
-@register("BatchNormalization", gpu=True)
+@register("BatchNormalization")
 def _batchnorm(ctx, node) -> None:
     _f32(ctx, node, *node.input[:5])
     training = bool(ctx.attr(node, "training_mode", 0))
@@ -108,7 +108,7 @@ def _batchnorm_kernel(ctx, node, training: bool) -> None:
              list(node.input[:5]), outs)
 
 
-@register("LRN", gpu=True)
+@register("LRN")
 def _lrn(ctx, node) -> None:
     _f32(ctx, node, node.input[0])
     xs = list(ctx.shape(node.input[0]))
@@ -142,7 +142,7 @@ def _lrn(ctx, node) -> None:
              [(node.output[0], F32, xs)])
 
 
-@register("Softmax", "LogSoftmax", gpu=True)
+@register("Softmax", "LogSoftmax")
 def _softmax(ctx, node) -> None:
     _f32(ctx, node, node.input[0])
     xs = list(ctx.shape(node.input[0]))
@@ -192,7 +192,7 @@ def _softmax(ctx, node) -> None:
              [node.input[0]], [(node.output[0], F32, xs)])
 
 
-@register("LayerNormalization", gpu=True)
+@register("LayerNormalization")
 def _layernorm(ctx, node) -> None:
     _f32(ctx, node, node.input[0])
     stats = [o if ctx.is_used(o) else None for o in list(node.output[1:3]) + [None] * (3 - len(node.output))][:2]
@@ -244,7 +244,7 @@ def _layernorm(ctx, node) -> None:
              names, outs)
 
 
-@register("InstanceNormalization", gpu=True)
+@register("InstanceNormalization")
 def _instancenorm(ctx, node) -> None:
     x, scale, bias = node.input[0], node.input[1], node.input[2]
     _f32(ctx, node, x, scale, bias)

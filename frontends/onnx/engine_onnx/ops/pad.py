@@ -36,7 +36,7 @@ def _index_table(n: int, before: int, after: int, mode: str) -> np.ndarray:
     return np.pad(idx, (b, a), mode=_MODES[mode])
 
 
-@register("Pad", gpu=True)
+@register("Pad")
 def _pad(ctx, node) -> None:
     x = node.input[0]
     xs = list(ctx.shape(x))

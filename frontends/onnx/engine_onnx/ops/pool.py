@@ -128,7 +128,7 @@ def _per_window_body(is_max: bool, g: dict, planes, ep) -> str:
 """
 
 
-@register("MaxPool", "AveragePool", gpu=True)
+@register("MaxPool", "AveragePool")
 def _pool(ctx, node) -> None:
     xs = _check(ctx, node)
     is_max = node.op_type == "MaxPool"
@@ -173,7 +173,7 @@ def _pool(ctx, node) -> None:
              [node.input[0]], [(final, F32, out)])
 
 
-@register("GlobalAveragePool", "GlobalMaxPool", gpu=True)
+@register("GlobalAveragePool", "GlobalMaxPool")
 def _global_pool(ctx, node) -> None:
     xs = _check(ctx, node)
     size = int(dims_product(xs[2:]))

@@ -19,7 +19,7 @@ _INIT = {"ReduceSum": 0, "ReduceMean": 0, "ReduceSumSquare": 0, "ReduceL1": 0, "
          "ReduceMax": -np.inf, "ReduceMin": np.inf}
 
 
-@register(*_INIT, gpu=True)
+@register(*_INIT)
 def _reduce(ctx, node) -> None:
     op = node.op_type
     x = node.input[0]

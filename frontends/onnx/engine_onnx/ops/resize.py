@@ -125,7 +125,7 @@ def _params(ctx, node, rank: int):
     return (None if scales is None else scales.astype(np.float64)), sizes, roi, axes
 
 
-@register("Resize", "Upsample", gpu=True)
+@register("Resize", "Upsample")
 def _resize(ctx, node) -> None:
     x = node.input[0]
     xs = list(ctx.shape(x))

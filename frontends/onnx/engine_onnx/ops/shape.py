@@ -110,12 +110,12 @@ def emit_constant(ctx, src: str, dst: str) -> None:
     ctx.emit(spec, [], [(dst, arr.dtype, tuple(int(d) for d in arr.shape))])
 
 
-@register("Identity", gpu=True)
+@register("Identity")
 def _identity(ctx, node) -> None:
     ctx.alias(node.output[0], node.input[0], ctx.shape(node.input[0]))
 
 
-@register("Dropout", gpu=True)
+@register("Dropout")
 def _dropout(ctx, node) -> None:
     if len(node.input) > 2 and node.input[2]:
         mode = ctx.require_const(node.input[2], "Dropout training_mode")
@@ -133,7 +133,7 @@ def _dropout(ctx, node) -> None:
                  [(node.output[1], np.dtype(bool), shape)])
 
 
-@register("Reshape", gpu=True)
+@register("Reshape")
 def _reshape(ctx, node) -> None:
     src = ctx.shape(node.input[0])
     if ctx.opset < 5:
@@ -161,7 +161,7 @@ def _reshape(ctx, node) -> None:
     ctx.alias(node.output[0], node.input[0], out)
 
 
-@register("Flatten", gpu=True)
+@register("Flatten")
 def _flatten(ctx, node) -> None:
     s = ctx.shape(node.input[0])
     axis = int(ctx.attr(node, "axis", 1))
@@ -169,7 +169,7 @@ def _flatten(ctx, node) -> None:
     ctx.alias(node.output[0], node.input[0], [dims_product(s[:axis]), dims_product(s[axis:])])
 
 
-@register("Squeeze", gpu=True)
+@register("Squeeze")
 def _squeeze(ctx, node) -> None:
     s = list(ctx.shape(node.input[0]))
     axes = axes_of(ctx, node)
@@ -183,7 +183,7 @@ def _squeeze(ctx, node) -> None:
     ctx.alias(node.output[0], node.input[0], out)
 
 
-@register("Unsqueeze", gpu=True)
+@register("Unsqueeze")
 def _unsqueeze(ctx, node) -> None:
     s = list(ctx.shape(node.input[0]))
     axes = axes_of(ctx, node)
@@ -193,7 +193,7 @@ def _unsqueeze(ctx, node) -> None:
     ctx.alias(node.output[0], node.input[0], s)
 
 
-@register("Transpose", gpu=True)
+@register("Transpose")
 def _transpose(ctx, node) -> None:
     s = ctx.shape(node.input[0])
     perm = ctx.attr(node, "perm", list(range(len(s)))[::-1])
@@ -228,7 +228,7 @@ def _slice_params(ctx, node, shape):
     return starts, ends, [a % len(shape) for a in axes], steps
 
 
-@register("Slice", gpu=True)
+@register("Slice")
 def _slice(ctx, node) -> None:
     s = list(ctx.shape(node.input[0]))
     starts, ends, axes, steps = _slice_params(ctx, node, s)
@@ -274,7 +274,7 @@ def _slice(ctx, node) -> None:
     ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, out)])
 
 
-@register("Expand", gpu=True)
+@register("Expand")
 def _expand(ctx, node) -> None:
     from engine_onnx.ops.elementwise import broadcast_shape
 
@@ -296,7 +296,7 @@ def _expand(ctx, node) -> None:
     ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, out)])
 
 
-@register("Concat", gpu=True)
+@register("Concat")
 def _concat(ctx, node) -> None:
     names = [n for n in node.input if n]
     shapes = [list(ctx.shape(n)) for n in names]
@@ -338,7 +338,7 @@ def _concat(ctx, node) -> None:
     ctx.emit(spec, inputs, [(node.output[0], dtype, out)], in_place={0: len(copied)} if fill else None)
 
 
-@register("Split", gpu=True)
+@register("Split")
 def _split(ctx, node) -> None:
     s = list(ctx.shape(node.input[0]))
     axis = ctx.attr(node, "axis", 0) % len(s)
@@ -377,7 +377,7 @@ def _split(ctx, node) -> None:
              [node.input[0]], outs)
 
 
-@register("Gather", gpu=True)
+@register("Gather")
 def _gather(ctx, node) -> None:
     data = list(ctx.shape(node.input[0]))
     ind = list(ctx.shape(node.input[1]))
@@ -407,7 +407,7 @@ def _gather(ctx, node) -> None:
              [node.input[0], node.input[1]], [(node.output[0], dtype, out)])
 
 
-@register("ConstantOfShape", gpu=True)
+@register("ConstantOfShape")
 def _constant_of_shape(ctx, node) -> None:
     v = ctx.value(node.input[0])
     if v is None:
@@ -430,13 +430,13 @@ def _constant_of_shape(ctx, node) -> None:
              [(node.output[0], dtype, out)])
 
 
-@register("Constant", "Shape", "Size", gpu=True)
+@register("Constant", "Shape", "Size")
 def _folded_only(ctx, node) -> None:
     """These are always folded at import (``folding``); reaching here means the fold failed."""
     raise NodeUnsupported("cannot be evaluated at import (sparse or unsupported constant, or unknown shape)")
 
 
-@register("Tile", gpu=True)
+@register("Tile")
 def _tile(ctx, node) -> None:
     from engine_onnx.ops.axis_map import emit_axis_map
 
@@ -459,7 +459,7 @@ def _tile(ctx, node) -> None:
     emit_axis_map(ctx, "tile", node.input[0], node.output[0], out, s, tables, dtype)
 
 
-@register("Range", gpu=True)
+@register("Range")
 def _range(ctx, node) -> None:
     """Folded at import when start, limit and delta are constants (``folding``). A limit that is a
     dynamic dimension (``arange(seq_len)`` in torch exports: ``Range(0, Shape(x)[1], 1)``) with a
