@@ -11,7 +11,7 @@ Bundles contain native code: loading one runs it. Only load bundles you trust.
 """
 
 from engine.errors import (BundleError, BundleFileError, BundleNotFoundError, DeviceUnavailableError, EngineError, InputError, KernelError,
-                           OutOfMemoryError, PluginError, SaveError, Unsupported)
+                           OutOfMemoryError, PluginError, SaveError, SaveTargetError, Unsupported)
 from engine.hookspecs import hookimpl
 from engine.device import Device
 from engine.dtypes import (DType, bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32, float64, int8,
@@ -68,5 +68,6 @@ __all__ = [
     "DeviceUnavailableError",
     "OutOfMemoryError",
     "SaveError",
+    "SaveTargetError",
     "Unsupported",
 ]

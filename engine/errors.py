@@ -10,6 +10,7 @@
      ├── DeviceUnavailableError (also RuntimeError) no usable plugin or device for a kind
      ├── OutOfMemoryError       (also MemoryError) a device cannot provide memory, or a plan needs too much
      ├── SaveError              (also OSError)     a bundle could not be written; the old one is unchanged
+     │    └── SaveTargetError                        the save target exists and is not a bundle: refused
      └── Unsupported            (also NotImplementedError) a backend lacks an optional capability
 
 Every error carries its context in the message (which member, which input, which kernel, what was
@@ -18,6 +19,8 @@ so that generic ``except ValueError`` code keeps working.
 """
 
 from __future__ import annotations
+
+import errno as _errno
 
 __all__ = [
     "EngineError",
@@ -30,6 +33,7 @@ __all__ = [
     "DeviceUnavailableError",
     "OutOfMemoryError",
     "SaveError",
+    "SaveTargetError",
     "Unsupported",
 ]
 
@@ -181,3 +185,15 @@ class SaveError(EngineError, OSError):
         super().__init__(message)
         self.path = path
         self.errno = errno  # set after init: OSError would otherwise prefix "[Errno n]" to the message
+
+
+class SaveTargetError(SaveError):
+    """A save was refused because its target exists and is not a bundle (a directory of other files,
+    a file of another kind, the model being converted): replacing it would destroy data the engine
+    did not write. Nothing was written. ``reason`` says what the target is, in words; callers that
+    offer an overwrite switch name it in their own message (``overwrite=True``, ``--overwrite``).
+    """
+
+    def __init__(self, message: str, *, path: str, reason: str):
+        super().__init__(message, path=path, errno=_errno.EEXIST)
+        self.reason = reason

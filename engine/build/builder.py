@@ -325,10 +325,12 @@ class GraphBuilder:
 
         return CompiledGraph(read_bundle(self.to_bytes()), device=device, registry=self._registry)
 
-    def save(self, path: str | Path, *, form: Literal["zip", "dir"] = "zip") -> None:
+    def save(self, path: str | Path, *, form: Literal["zip", "dir"] = "zip", overwrite: bool = False) -> None:
+        """Write the bundle atomically. An existing ``path`` is replaced only when it is a bundle (or an
+        empty directory); anything else raises ``SaveTargetError`` unless ``overwrite``."""
         from engine.bundle.archive import write_bundle
 
-        write_bundle(Path(path), self.members(), engine_version=_engine_version(), form=form)
+        write_bundle(Path(path), self.members(), engine_version=_engine_version(), form=form, overwrite=overwrite)
 
 
 def _file_part(target: str) -> str:

@@ -47,7 +47,8 @@ import attrs
 
 from engine.bundle.jsonread import INT64_MAX, INT64_MIN, clip
 from engine.bundle.text import utf8_problem
-from engine.errors import BundleError, BundleFileError, BundleNotFoundError, SaveError
+from engine.bundle.target import check_replaceable
+from engine.errors import BundleError, BundleFileError, BundleNotFoundError, SaveError, SaveTargetError
 
 try:  # POSIX: saves lock their temporaries so that the next save can tell abandoned ones
     import fcntl
@@ -66,6 +67,7 @@ __all__ = [
     "Manifest",
     "BundleArchive",
     "write_bundle",
+    "check_save_target",
     "bundle_to_bytes",
     "copy_members",
 ]
@@ -1313,9 +1315,24 @@ def _write_temp(tmp: Path, fd: int | None, form: str, members: Mapping[str, Memb
     return manifest
 
 
+def _probe(path: Path) -> None:
+    BundleArchive.open(path).close()
+
+
+def check_save_target(target: str | os.PathLike, *, overwrite: bool = False) -> None:
+    """What ``write_bundle`` checks first, for callers that do expensive work before saving (a
+    conversion): ``SaveTargetError`` when ``target`` exists and is not a bundle, unless ``overwrite``."""
+    check_replaceable(Path(os.fspath(target)), overwrite=overwrite, probe=_probe)
+
+
 def write_bundle(target: str | os.PathLike, members: Mapping[str, MemberData], *, engine_version: str,
-                 form: Literal["zip", "dir"] = "zip") -> Manifest:
+                 form: Literal["zip", "dir"] = "zip", overwrite: bool = False) -> Manifest:
     """Write a bundle atomically and return its manifest.
+
+    An existing ``target`` is replaced only when it is a bundle or an empty directory; anything
+    else (a directory of other files, a non-bundle file) raises ``SaveTargetError`` before anything
+    is written, unless ``overwrite`` (``engine.bundle.target``). It is checked again just before
+    the swap, so a file put there while the bundle was being written is not lost either.
 
     Sizes and sha256 are computed while streaming the data (one pass). The bundle is built in
     ``.<name>.tmp-<random>`` beside ``target``, locked and fsynced, then swapped in atomically; on
@@ -1329,11 +1346,13 @@ def write_bundle(target: str | os.PathLike, members: Mapping[str, MemberData], *
         raise ValueError(f"form must be 'zip' or 'dir', got {form!r}")
     order = _plan(members, engine_version)
     target = Path(os.fspath(target))
+    check_save_target(target, overwrite=overwrite)
     try:
         _clean_leftovers(target)
         tmp, tag, fd = _create_temp(target, form)
         try:
             manifest = _write_temp(tmp, fd, form, members, order, engine_version)
+            check_save_target(target, overwrite=overwrite)
             _swap_in(tmp, target, tag)
         finally:
             try:
@@ -1342,6 +1361,8 @@ def write_bundle(target: str | os.PathLike, members: Mapping[str, MemberData], *
             finally:
                 if fd is not None:
                     os.close(fd)  # releases the lock
+    except SaveTargetError:
+        raise
     except OSError as exc:
         raise _save_error(target, exc) from exc
     return manifest

@@ -480,13 +480,15 @@ class CompiledGraph:
                               graph_string=c.graph_string)
 
     def save(self, path: str | Path, *, save_dispatch_table: bool = False, save_weights: bool = True,
-             form: Literal["zip", "dir"] | None = None) -> None:
-        """Write the bundle atomically (``.cgb`` zip, or a directory when ``form="dir"``)."""
+             form: Literal["zip", "dir"] | None = None, overwrite: bool = False) -> None:
+        """Write the bundle atomically (``.cgb`` zip, or a directory when ``form="dir"``). An existing
+        ``path`` is replaced only when it is a bundle (or an empty directory); anything else raises
+        ``SaveTargetError`` unless ``overwrite``."""
         target = Path(path)
         chosen: Literal["zip", "dir"] = form or ("dir" if target.is_dir() else "zip")
         _archive.write_bundle(target, self._members(save_dispatch_table=save_dispatch_table,
                                                     save_weights=save_weights),
-                              engine_version=ENGINE_VERSION, form=chosen)
+                              engine_version=ENGINE_VERSION, form=chosen, overwrite=overwrite)
 
     def to_bytes(self) -> bytes:
         """The bundle as bytes, dispatch table and current weights included (used by pickling)."""
@@ -617,5 +619,5 @@ def load_compiled_graph(path: BundleSource, device: str | Device | None = None, 
 
 
 def save_compiled_graph(graph: CompiledGraph, path: str | Path, save_dispatch_table: bool = False,
-                        save_weights: bool = True) -> None:
-    graph.save(path, save_dispatch_table=save_dispatch_table, save_weights=save_weights)
+                        save_weights: bool = True, overwrite: bool = False) -> None:
+    graph.save(path, save_dispatch_table=save_dispatch_table, save_weights=save_weights, overwrite=overwrite)

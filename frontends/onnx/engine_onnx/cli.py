@@ -14,6 +14,7 @@ EXAMPLES = """
   engine convert model.onnx -o model.cgb                  convert (weights, kernels, one bundle)
   engine convert model.onnx -o model.cgb --symbol batch   the leading dimension of every input becomes 'batch'
   engine convert model.onnx -o model_dir/                 write the directory form
+  engine convert model.onnx -o out --overwrite            replace 'out' even if it is not a bundle
   engine convert model.onnx -o model.cgb --device cuda    kernels for CUDA GPUs (inputs and outputs there too)
   engine convert model.onnx -o model.cgb --device opencl --io-device cpu
                                                           OpenCL kernels, host arrays in and out
@@ -35,6 +36,10 @@ def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
     p.add_argument("model", metavar="MODEL", help="an .onnx file")
     p.add_argument("-o", "--output", required=True, metavar="BUNDLE",
                    help="the bundle to write (.cgb; a path ending in / writes the directory form)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace BUNDLE even when it exists and is not a bundle (a directory of other files, "
+                        "another file); without it such a target is refused and kept. An existing bundle is "
+                        "always replaced, atomically")
     p.add_argument("--symbol", metavar="NAME", help="make the leading dimension of every input a symbol NAME")
     p.add_argument("--device", default="cpu", metavar="KIND",
                    help="the device kind the kernels are generated for: cpu (default), cuda or opencl (fewer "
@@ -60,8 +65,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--io-device {args.io_device!r}: expected one device kind, one of {', '.join(known)}")
     if not Path(args.model).is_file():
         raise UsageError(f"{args.model}: no such file; expected an .onnx model")
-    from engine_onnx.convert import convert
+    from engine.errors import SaveTargetError
 
+    from engine_onnx.convert import MODEL_ITSELF, check_output, convert
+
+    try:
+        check_output(args.model, args.output, overwrite=args.overwrite)
+    except SaveTargetError as exc:
+        hint = "" if exc.reason == MODEL_ITSELF else ", or pass --overwrite to replace it"
+        raise UsageError(f"-o {args.output}: refusing to write there: it is {exc.reason}; nothing was written "
+                         f"(choose another path{hint})") from None
     start = time.perf_counter()
     bar: Progress | None = None
 
@@ -76,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         builder = convert(args.model, batch_symbol=args.symbol, registry=args.registry, progress=progress,
                           device=args.device, io_device=args.io_device)
         form = "dir" if args.output.endswith("/") else "zip"
-        builder.save(Path(args.output), form=form)
+        builder.save(Path(args.output), form=form, overwrite=args.overwrite)
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)

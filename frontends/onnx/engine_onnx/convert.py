@@ -15,11 +15,14 @@ from typing import Callable
 import onnx
 
 from engine.build import GraphBuilder
+from engine.bundle.archive import check_save_target
+from engine.bundle.target import same_file
+from engine.errors import SaveTargetError
 from engine_onnx.gpu import GPU_KINDS, GpuKernelSpec, render
 from engine_onnx.lowering import Lowering
 from engine_onnx.model import load_model, model_name
 
-__all__ = ["convert", "convert_file", "Progress"]
+__all__ = ["convert", "convert_file", "check_output", "Progress"]
 
 Progress = Callable[[int, int], None]
 
@@ -68,9 +71,31 @@ def precompile(builder: GraphBuilder, lowering: Lowering, *, progress: Progress 
                 progress(done, len(specs))
 
 
-def convert_file(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]", **kwargs) -> GraphBuilder:
-    """``convert(src)`` saved to ``dst`` (a ``.cgb`` zip; a directory bundle when ``dst`` ends in ``/``)."""
+#: ``SaveTargetError.reason`` when the output names the model being converted (no overwrite helps).
+MODEL_ITSELF = "the model being converted"
+
+
+def check_output(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]", *, overwrite: bool = False) -> None:
+    """Refuse, before any work, a ``dst`` that is the model itself (even with ``overwrite``: the
+    model would be gone and the bundle could not be made again from it) or that exists and is not a
+    bundle (unless ``overwrite``): ``SaveTargetError``."""
+    if same_file(src, dst):
+        path = os.fspath(dst)
+        raise SaveTargetError(f"refusing to save the bundle to {path!r}: it is {MODEL_ITSELF}; "
+                              "nothing was written (choose another path, e.g. one ending in .cgb)",
+                              path=path, reason=MODEL_ITSELF)
+    check_save_target(dst, overwrite=overwrite)
+
+
+def convert_file(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]", *, overwrite: bool = False,
+                 **kwargs) -> GraphBuilder:
+    """``convert(src)`` saved to ``dst`` (a ``.cgb`` zip; a directory bundle when ``dst`` ends in ``/``).
+
+    An existing ``dst`` is replaced only when it is a bundle; anything else (the model itself, a
+    directory of other files, another file) raises ``SaveTargetError`` before the conversion starts,
+    unless ``overwrite`` (which never allows replacing the model itself)."""
+    check_output(src, dst, overwrite=overwrite)
     builder = convert(src, **kwargs)
     form = "dir" if str(dst).endswith(("/", os.sep)) else "zip"
-    builder.save(Path(dst), form=form)
+    builder.save(Path(dst), form=form, overwrite=overwrite)
     return builder
