@@ -10,8 +10,9 @@ Load a bundle and run it::
 Bundles contain native code: loading one runs it. Only load bundles you trust.
 """
 
-from engine.errors import (BundleError, BundleFileError, BundleNotFoundError, DeviceUnavailableError, EngineError, InputError, KernelError,
-                           OutOfMemoryError, PluginError, SaveError, SaveTargetError, Unsupported)
+from engine.errors import (BundleError, BundleFileError, BundleNotFoundError, DeviceUnavailableError, EngineError,
+                           GraphClosedError, InputError, KernelError, OutOfMemoryError, PluginError, SaveError,
+                           SaveTargetError, UnconvertedModelError, Unsupported)
 from engine.hookspecs import hookimpl
 from engine.device import Device
 from engine.dtypes import (DType, bfloat16, bool_, float8_e4m3fn, float8_e5m2, float16, float32, float64, int8,
@@ -62,7 +63,9 @@ __all__ = [
     "BundleError",
     "BundleFileError",
     "BundleNotFoundError",
+    "UnconvertedModelError",
     "InputError",
+    "GraphClosedError",
     "KernelError",
     "PluginError",
     "DeviceUnavailableError",

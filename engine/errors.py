@@ -4,7 +4,9 @@
 
     EngineError
      ├── BundleError            (also ValueError)  a bundle is malformed, inconsistent or unsafe
+     │    └── UnconvertedModelError                  a model file (ONNX) given where a bundle belongs
      ├── InputError             (also ValueError)  run_async/set_weights got something it cannot use
+     ├── GraphClosedError       (also ValueError)  a graph was used after close()
      ├── KernelError            (also RuntimeError) a kernel failed to load, compile or run
      ├── PluginError            (also RuntimeError) a device plugin is broken or incompatible
      ├── DeviceUnavailableError (also RuntimeError) no usable plugin or device for a kind
@@ -27,7 +29,9 @@ __all__ = [
     "BundleError",
     "BundleFileError",
     "BundleNotFoundError",
+    "UnconvertedModelError",
     "InputError",
+    "GraphClosedError",
     "KernelError",
     "PluginError",
     "DeviceUnavailableError",
@@ -86,8 +90,29 @@ class BundleNotFoundError(BundleFileError, FileNotFoundError):
     """No bundle at the given path (``except FileNotFoundError`` catches it)."""
 
 
+class UnconvertedModelError(BundleError):
+    """A model file of another format (an ONNX model) was given where a bundle belongs.
+
+    ``filename`` is the path as given, ``model_format`` the model's format (``"ONNX"``) and ``command``
+    the command that converts it (``engine convert m.onnx -o m.cgb``), also in the message.
+    """
+
+    def __init__(self, message: str, *, filename: str, model_format: str, command: str):
+        super().__init__(message)
+        self.filename = filename
+        self.model_format = model_format
+        self.command = command
+
+
 class InputError(EngineError, ValueError):
     """An input (or weight) handed to the engine does not match what the graph expects."""
+
+
+class GraphClosedError(EngineError, ValueError):
+    """A ``CompiledGraph`` was run after ``close()`` (a ``ValueError``, as for a closed file).
+
+    Its bundle's file handle is gone and its lanes dropped; load the bundle again to run it.
+    """
 
 
 class KernelError(EngineError, RuntimeError):

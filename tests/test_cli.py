@@ -235,7 +235,7 @@ BAD = [
     (["run", "add.cgb", "--input", "a.npy"], 2, "expected NAME=FILE.npy (the graph has 2 inputs: a, b)"),
     (["run", "mlp.cgb", "--input", "y=x.npy"], 2, "the graph has no input 'y' (inputs: x)"),
     (["run", "mlp.cgb", "--input", "x=nothere.npy"], 2, "nothere.npy: no such file"),
-    (["run", "mlp.cgb", "--input", "x=notabundle.cgb"], 2, "cannot read notabundle.cgb as a .npy array"),
+    (["run", "mlp.cgb", "--input", "x=notabundle.cgb"], 2, "notabundle.cgb: not a .npy file"),
     (["run", "add.cgb", "--input", "a=x.npy", "--input", "b=b.npy"], 2, "the array has shape [5, 64]"),
     (["run", "add.cgb", "--input", "a=a.npy", "--input", "a=b.npy"], 2, "--input 'a' is given twice"),
     (["run", "mlp.cgb", "--random", "-s", "batch=2", "--device", "opencl:0"], 2, "the bundle only runs on cpu"),

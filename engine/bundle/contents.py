@@ -16,6 +16,7 @@ import numpy as np
 
 from engine.bundle.archive import BundleArchive, MemberData
 from engine.bundle.dispatch_text import format_dispatch_table, parse_dispatch_table
+from engine.bundle.foreign import check_not_a_model
 from engine.bundle.jsonread import JsonReader, loads_member
 from engine.bundle.npz import MAX_NPZ_BYTES, NPZ_MEMBER, ExpectedArray, read_npz
 from engine.bundle.schema import GraphExecution, GraphMetaData, KernelMeta, WeightEntry
@@ -65,6 +66,7 @@ def _binary_member(kernel_index: int, path: str) -> str:
 
 
 def read_bundle(source: str | os.PathLike | bytes | bytearray | memoryview) -> BundleContents:
+    check_not_a_model(source)  # an .onnx file: say how to convert it, not "not a zip archive"
     archive = BundleArchive.open(source)
     try:
         return _read(archive)

@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_NPY_MAGIC = b"\x93NUMPY"
 
 
 def registry_of(args: Any) -> "Registry":
@@ -60,9 +61,16 @@ def registry_of(args: Any) -> "Registry":
 
 def check_bundle_path(path: str) -> Path:
     """The bundle path, or a ``UsageError`` when it does not exist or is plainly not a bundle."""
+    from engine.bundle.foreign import check_not_a_model
+    from engine.errors import UnconvertedModelError
+
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{path}: no such file or directory")
+    try:
+        check_not_a_model(path)
+    except UnconvertedModelError as exc:
+        raise UsageError(str(exc)) from None
     if p.is_dir():
         if not (p / "manifest.json").is_file():
             raise UsageError(f"{path}: not a bundle (a directory bundle has a manifest.json)")
@@ -138,18 +146,21 @@ def resolve_device(text: str | None, kinds: Sequence[str], registry: "Registry")
         raise UsageError(f"--device {text!r}: {exc}") from None
     # First whether this machine knows the kind at all: "--device tpu" is about the missing plugin,
     # whatever the bundle holds; then whether the bundle has kernels for it.
-    rows = [r for r in registry.devices() if r.kind == device.kind]
+    every = registry.devices()
+    rows = [r for r in every if r.kind == device.kind]
     usable = [r for r in rows if r.available]
+    here = ", ".join(dict.fromkeys(r.kind for r in every if r.available)) or "none"
     if not rows:
         hint = KNOWN_DISTRIBUTIONS.get(device.kind)
         install = f"install '{hint}'" if hint else f"install a plugin that provides {device.kind!r}"
         raise UsageError(f"--device {device}: no plugin provides device kind {device.kind!r} on this machine "
-                         f"({install}; 'engine devices' lists what is installed)")
+                         f"({install}; usable kinds here: {here}; 'engine devices' lists what is installed)")
     if device.kind not in kinds:
         raise UsageError(f"--device {device}: the bundle only runs on {', '.join(kinds)} (it has no kernels for "
                          f"{device.kind!r})")
     if not usable:
-        raise UsageError(f"--device {device}: device kind {device.kind!r} is not usable here: {rows[0].reason}")
+        raise UsageError(f"--device {device}: device kind {device.kind!r} is not usable here: {rows[0].reason} "
+                         f"(usable kinds here: {here})")
     count = usable[0].device_count
     if device.index >= count:
         have = f"{device.kind}:0" if count == 1 else f"{device.kind}:0 to {device.kind}:{count - 1}"
@@ -191,10 +202,24 @@ def _load_array(spec: InputSpec, name: str) -> np.ndarray:
     p = Path(spec.path)
     if not p.is_file():
         raise UsageError(f"--input {spec.text!r}: {spec.path}: no such file")
+    where = f"--input {spec.text!r}: {spec.path}"
+    try:
+        with open(p, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    if not head.startswith((_NPY_MAGIC, *_ZIP_MAGIC)):
+        # numpy would call any other file "pickled data" and suggest allow_pickle: never for inputs.
+        raise UsageError(f"{where}: not a .npy file (no numpy header); save each input with np.save(path, array)")
     try:
         value = np.load(p, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise UsageError(f"--input {spec.text!r}: cannot read {spec.path} as a .npy array: {exc}") from None
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):  # an object array: Python objects, not numbers
+            raise UsageError(f"{where}: holds Python objects (dtype object), not numbers; save a numeric array "
+                             f"of the input's dtype with np.save(path, array)") from None
+        raise UsageError(f"{where}: cannot read it as a .npy array: {exc}") from None
+    except (OSError, EOFError) as exc:
+        raise UsageError(f"{where}: cannot read it as a .npy array: {exc}") from None
     if not isinstance(value, np.ndarray):  # an .npz archive
         value.close()
         raise UsageError(f"--input {spec.text!r}: {spec.path} is an .npz archive; give one .npy file per input")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from engine.cli.args import CheckFailed, UsageError
 from engine.cli.commands import COMMANDS
+from engine.cli.contributed import register_contributed
 from engine.cli.render import one_line
 
 if TYPE_CHECKING:
@@ -116,23 +117,8 @@ def build_parser(*, registry: "Registry | None" = None) -> argparse.ArgumentPars
     common = _common_parents()
     for name in COMMANDS:
         importlib.import_module(f"engine.cli.commands.{name}").register(sub, common)
-    _register_plugin_commands(sub, common)
+    register_contributed(sub, common, COMMANDS)  # engine-onnx's convert, or a stand-in saying how to get it
     return parser
-
-
-def _register_plugin_commands(sub, common) -> None:
-    """Commands other distributions contribute (entry points in group ``engine.commands``, each a
-    module with the same ``register(sub, common)`` as the built-in ones; ``engine-onnx`` adds
-    ``convert``). A broken plugin command is left out rather than breaking the whole CLI."""
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group="engine.commands"):
-        if ep.name in COMMANDS:
-            continue
-        try:
-            ep.load().register(sub, common)
-        except Exception as exc:  # noqa: BLE001 - one bad plugin must not take `engine --help` down
-            print(f"engine: warning: command {ep.name!r} from {ep.value} is unavailable: {exc}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None, *, registry: "Registry | None" = None) -> int:

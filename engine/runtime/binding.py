@@ -7,6 +7,7 @@ comparisons. Errors name the input, the dimension and what was expected.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import numpy as np
@@ -15,6 +16,7 @@ from engine.bundle.schema import GraphMetaData
 from engine.device import Device
 from engine.errors import InputError
 from engine.hostptr import array_address
+from engine.runtime.input_hints import count_message, dtype_hint, not_a_tensor_message, plural
 from engine.tensor import Tensor, from_dlpack
 
 __all__ = ["InputBinder", "NativeSpec"]
@@ -25,9 +27,11 @@ NativeSpec = tuple[Any, bool, int, tuple[tuple[int, int], ...], tuple[tuple[int,
 
 
 class _InputSpec:
-    __slots__ = ("name", "dtype", "np_dtype", "device", "on_cpu", "rank", "static_shape", "const_dims", "sym_dims")
+    __slots__ = ("index", "name", "dtype", "np_dtype", "device", "on_cpu", "rank", "static_shape", "const_dims",
+                 "sym_dims")
 
-    def __init__(self, name: str, sig: Any, symbols: Sequence[str], device: Device):
+    def __init__(self, index: int, name: str, sig: Any, symbols: Sequence[str], device: Device):
+        self.index = index
         self.name = name
         self.dtype = sig.dtype
         self.np_dtype = sig.dtype.numpy
@@ -45,7 +49,10 @@ class InputBinder:
     def __init__(self, meta: GraphMetaData, devices: dict[str, Device]):
         self.symbols = meta.symbols
         names = meta.input_names or tuple(f"input {i}" for i in range(len(meta.inputs)))
-        self.specs = tuple(_InputSpec(f"{names[i]!r}" if meta.input_names else names[i], sig, meta.symbols,
+        #: The bundle's input names (empty when it has none) and dtypes, for the advice in errors.
+        self.names = tuple(meta.input_names or ())
+        self.dtype_names = tuple(sig.dtype.name for sig in meta.inputs)
+        self.specs = tuple(_InputSpec(i, f"{names[i]!r}" if meta.input_names else names[i], sig, meta.symbols,
                                       devices[sig.device])
                            for i, sig in enumerate(meta.inputs))
         self.count = len(self.specs)
@@ -59,19 +66,19 @@ class InputBinder:
     def bind(self, inputs: Sequence[Any]) -> tuple[list[int], list[Any], tuple[int, ...]]:
         if type(inputs) is not list and (isinstance(inputs, (np.ndarray, Tensor)) or hasattr(inputs, "__dlpack__")):
             # Iterating a single array would pass its rows as the inputs.
-            raise InputError(f"the graph takes a list of {self.count} inputs, got a single "
+            raise InputError(f"the graph takes a list of {plural(self.count, 'input')}, got a single "
                              f"{type(inputs).__name__}: pass [x]"
                              + ("" if not self.specs else f" (expected: {', '.join(s.name for s in self.specs)})"))
         if len(inputs) != self.count:
-            raise InputError(f"the graph takes {self.count} inputs, got {len(inputs)}"
-                             + ("" if not self.specs else f" (expected: {', '.join(s.name for s in self.specs)})"))
+            raise InputError(count_message(inputs, self.names, self.dtype_names))
         values = [-1] * len(self.symbols)
         addrs = []
         keep = []
         for spec, x in zip(self.specs, inputs):
             if type(x) is np.ndarray:
                 if x.dtype is not spec.np_dtype and x.dtype != spec.np_dtype:
-                    raise InputError(f"{spec.name}: expected dtype {spec.dtype.name}, got numpy {x.dtype}")
+                    raise InputError(f"{spec.name}: expected dtype {spec.dtype.name}, got numpy {x.dtype}"
+                                     + dtype_hint(self.names[spec.index] if self.names else None, spec.dtype.name))
                 if not spec.on_cpu:
                     raise InputError(f"{spec.name}: expected a tensor on {spec.device}, got a numpy array (host "
                                      f"memory); move it with engine.asarray(x, device='{spec.device}')")
@@ -81,7 +88,7 @@ class InputBinder:
                 shape = x.shape
             else:
                 if type(x) is not Tensor:
-                    x = self._convert(spec, x)
+                    x = self._convert(spec, x, inputs)
                 if x.dtype is not spec.dtype and x.dtype != spec.dtype:
                     raise InputError(f"{spec.name}: expected dtype {spec.dtype.name}, got {x.dtype.name}")
                 if x.device != spec.device:
@@ -109,14 +116,15 @@ class InputBinder:
             keep.append(x)
         return addrs, keep, tuple(values)
 
-    def _convert(self, spec: _InputSpec, x: Any) -> Tensor:
+    def _convert(self, spec: _InputSpec, x: Any, inputs: Sequence[Any]) -> Tensor:
         if hasattr(x, "__dlpack__"):
             try:
                 return from_dlpack(x)
             except InputError as exc:
                 raise InputError(f"{spec.name}: {exc}") from None
-        raise InputError(f"{spec.name}: expected an engine.Tensor, a numpy array or a DLPack tensor, got "
-                         f"{type(x).__name__}")
+        if isinstance(inputs, Mapping):  # a dict of as many names as inputs: x is one of its keys
+            raise InputError(count_message(inputs, self.names, self.dtype_names))
+        raise InputError(not_a_tensor_message(spec.name, x, spec.dtype.name))
 
     def _inconsistent(self, inputs: Sequence[Any], sym: int, spec: _InputSpec, dim: int, value: int,
                       bound: int) -> InputError:

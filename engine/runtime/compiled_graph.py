@@ -155,9 +155,9 @@ class CompiledGraph:
             if result is not None:
                 lane.counters.fast_runs += 1
                 return [t.torch() for t in result] if output_to_torch_tensor else result
-        ptrs, keep, key = self._binder.bind(inputs)
         if lane is None or lane.generation != runtime.generation:
-            lane = runtime.new_lane()
+            lane = runtime.new_lane()  # raises GraphClosedError after close(), before the inputs are looked at
+        ptrs, keep, key = self._binder.bind(inputs)
         if runtime.devices.stream_kinds:
             lane = runtime.stream_lane(lane)
         if runtime.device_inputs:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import attrs
 
 from engine.device import Device
-from engine.errors import DeviceUnavailableError, InputError, OutOfMemoryError, PluginError
+from engine.errors import DeviceUnavailableError, GraphClosedError, InputError, OutOfMemoryError, PluginError
 from engine.plugins import Registry
 from engine.runtime import native
 from engine.runtime.binding import InputBinder
@@ -137,6 +137,8 @@ class GraphRuntime:
         #: The calling thread's lanes: ``local.lane`` (the current one) and ``local.by_stream``.
         self.local = threading.local()
         self._counters: list[RunCounters] = []
+        #: Set by ``close()``: no new lane, hence no run, after it.
+        self.closed = False
 
     # -- weights -------------------------------------------------------------------------------
     @property
@@ -235,6 +237,9 @@ class GraphRuntime:
         return lane
 
     def new_lane(self) -> Lane:
+        if self.closed:
+            raise GraphClosedError("this graph was closed (close(), or the end of its 'with' block); load the "
+                                   "bundle again to run it")
         streams = self.devices.current_streams()
         stream_kinds = self.devices.stream_kinds
         stream_key = tuple(streams[k] for k in stream_kinds)
@@ -331,6 +336,9 @@ class GraphRuntime:
             return list(self._counters)
 
     def close(self) -> None:
-        """Drop the calling thread's lanes (other threads' go with their threads)."""
+        """Drop the calling thread's lanes (other threads' go with their threads) and refuse new ones:
+        every later run, on any thread, needs a new lane (the generation moved on), so each raises
+        ``GraphClosedError`` instead of running on a graph whose bundle is closed."""
+        self.closed = True
         self.invalidate()
         self.local = threading.local()

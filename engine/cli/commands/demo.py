@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine.cli.args import UsageError
 from engine.cli.commands import add_command
 
 if TYPE_CHECKING:
@@ -65,7 +66,22 @@ def _on(x: np.ndarray, target) -> object:
 
 
 def run_demo(keep: str | None = None, device: str = "cpu") -> int:
-    """The demo in ``keep`` (kept), or in a temporary directory removed afterwards, also after a failure."""
+    """The demo in ``keep`` (kept), or in a temporary directory removed afterwards, also after a failure.
+
+    ``device`` is checked first (a ``UsageError`` naming the kind, why it is unusable and the usable
+    kinds): building the example compiles kernels for that kind, seconds wasted on a kind that
+    cannot run them.
+    """
+    from engine.cli.loading import resolve_device
+    from engine.device import Device
+    from engine.errors import InputError
+    from engine.plugins import default_registry
+
+    try:
+        kind = Device.parse(device).kind
+    except InputError as exc:
+        raise UsageError(f"--device {device!r}: {exc}") from None
+    resolve_device(device, (kind,), default_registry())
     if keep:
         folder = Path(keep)
         folder.mkdir(parents=True, exist_ok=True)
