@@ -33,9 +33,10 @@ import onnx
 from onnx import helper, numpy_helper
 
 from engine.build import GraphBuilder
+from engine_onnx.batch_flow import BatchFlow, refused_outputs, shape_text
 from engine_onnx.codegen import KernelSpec, cpu_options
 from engine_onnx.concat_slices import ConcatFill, ConcatSlice, ConcatSlices
-from engine_onnx.dims import Dim, DimError, Mono, dim_expr
+from engine_onnx.dims import Dim, DimError, Mono, dim_expr, dims_product
 from engine_onnx.errors import ModelLoadError, NodeUnsupported, UnsupportedModelError, UnsupportedNode
 from engine_onnx.gpu import GPU_KINDS, GpuKernelSpec, render
 from engine_onnx.model import older_definition
@@ -138,6 +139,7 @@ class Lowering:
         for init in self.graph.initializer:
             self.consts[init.name] = _initializer_array(init)
         self._declare_inputs(batch_symbol)
+        self.batch_flow = BatchFlow(self, sanitize_symbol(batch_symbol) if batch_symbol else None)
 
     # -- declarations ----------------------------------------------------------------------------
     def _declare_inputs(self, batch_symbol: str | None) -> None:
@@ -242,7 +244,13 @@ class Lowering:
         return name
 
     def alias(self, out: str, src: str, shape: Sequence[Dim]) -> None:
-        """``out`` is ``src``'s bytes with another shape (Reshape, Flatten, Squeeze, Identity…)."""
+        """``out`` is ``src``'s bytes with another shape (Reshape, Flatten, Squeeze, Identity…). The
+        element counts must agree exactly (as monomials): a view of fewer elements would silently
+        drop the rest (a batch-1 shape applied to a symbolic batch)."""
+        old, new = dims_product(self.shape(src)), dims_product(shape)
+        if old != new:
+            raise NodeUnsupported(f"a view of {shape_text(self.shape(src))} ({dim_expr(old)} elements) as "
+                                  f"{shape_text(shape)} ({dim_expr(new)} elements) changes the element count")
         if src in self.consts:
             self.consts[out] = self.consts[src].reshape([int(d) for d in shape])
             return
@@ -433,6 +441,7 @@ class Lowering:
         for node in self.graph.node:
             if id(node) not in done:
                 self._lower(node)
+        self.unsupported.extend(refused_outputs(self, self.batch_flow))
         if self.unsupported:
             raise UnsupportedModelError(self.unsupported, self.name)
         # A value still deferred here was read by no kernel (only CastLike's type operand reads a

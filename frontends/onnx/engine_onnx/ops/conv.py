@@ -1,4 +1,4 @@
-"""Conv (1-D and 2-D, groups, dilations, pads and ``auto_pad``), float32; weights constant or computed.
+"""Conv (1-D, 2-D and 3-D, groups, dilations, pads and ``auto_pad``), float32; weights constant or computed.
 
 Candidates per shape, reading the weight as an ``[OC, CG*KH*KW]`` matrix or a form of it made at import:
 
@@ -31,6 +31,9 @@ weights and bias at import; a following same-shape ``Add`` (a residual) and acti
 kernel's epilogue. A weight (or bias) computed at run time is read as it is, without folding.
 On GPU kinds the same folded weight, bias, residual and epilogue feed ``gpu_conv.conv_kernel``'s
 candidates instead.
+
+A 3-D Conv (NCDHW) folds and fuses the same way but has one direct kernel of its own
+(``conv_nd.py``; ``gpu_window_nd.py`` on GPU kinds): the candidates above are tuned for 2-D planes.
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ from engine_onnx.ops.conv_batch_gemm import (batch_gemm_body, batch_gemm_eligibl
                                             batch_gemm_weight)
 from engine_onnx.ops.conv_pointwise import pointwise_body
 from engine_onnx.ops.conv_strided import strided_body, strided_eligible
+from engine_onnx.ops.conv_nd import conv_nd_spec
 from engine_onnx.ops.phase_plane import MAX_PLANE_FLOATS, PHASE_PLANE, phase_plane_floats
+from engine_onnx.ops.window_nd import Window, window_of
 
 __all__ = ["conv_geometry"]
 
@@ -308,6 +313,24 @@ def _emit_gpu(ctx, node, x, wn, w, bn_in, b, residual, ep, final, out_shape, c, 
     from engine_onnx.ops.gpu_conv import conv_kernel
 
     spec = conv_kernel(out_shape[0], c, oc, group, spatial, kernel, strides, dil, pb, out_sp, bool(residual), ep)
+    _emit_plain(ctx, spec, x, wn, w, bn_in, b, oc, residual, final, out_shape)
+
+
+def _emit_nd(ctx, x, wn, w, bn_in, b, residual, ep, final, out_shape, c, oc, group, window: Window) -> None:
+    """A 3-D Conv: its one direct kernel (``conv_nd``, or ``gpu_window_nd`` on GPU kinds), reading
+    the same folded weight matrix, bias, residual and epilogue as the 2-D candidates."""
+    if ctx.gpu:
+        from engine_onnx.ops.gpu_window_nd import conv_nd_kernel
+
+        spec = conv_nd_kernel(out_shape[0], c, oc, group, window, bool(residual), ep)
+    else:
+        spec = conv_nd_spec(out_shape[0], c, oc, group, window, bool(residual), ep)
+    _emit_plain(ctx, spec, x, wn, w, bn_in, b, oc, residual, final, out_shape)
+
+
+def _emit_plain(ctx, spec, x, wn, w, bn_in, b, oc, residual, final, out_shape) -> None:
+    """Emits ``spec`` over the input, the weight as an ``[OC, CG*taps]`` matrix, the bias and the
+    residual (a weight or bias computed at run time read as it is), into its own output tensor."""
     wname = wn if w is None else ctx.add_weight(np.ascontiguousarray(w.reshape(oc, -1), dtype=np.float32), wn)
     bname = bn_in if b is None else ctx.add_weight(np.ascontiguousarray(b, dtype=np.float32), bn_in or wn + ".bias")
     inputs = [x, wname, bname] + ([residual[0]] if residual else [])
@@ -325,8 +348,8 @@ def _conv(ctx, node) -> None:
     if any(isinstance(d, Mono) for d in w_shape):
         raise NodeUnsupported("a Conv weight with dynamic dimensions")
     xs = list(ctx.shape(x))
-    if len(xs) not in (3, 4):
-        raise NodeUnsupported(f"{len(xs) - 2}-D convolution (1-D and 2-D only)")
+    if len(xs) not in (3, 4, 5):
+        raise NodeUnsupported(f"{len(xs) - 2}-D convolution (1-D, 2-D and 3-D only)")
     if any(isinstance(d, Mono) for d in xs[1:]):
         raise NodeUnsupported("dynamic channel or spatial dimensions (only the batch may be dynamic)")
     group = int(ctx.attr(node, "group", 1))
@@ -350,6 +373,10 @@ def _conv(ctx, node) -> None:
     out_shape = [n, oc] + out_sp
     residual = ctx.take_residual_add(bn_out or node.output[0], F32, out_shape)
     ep, final = ctx.take_epilogue(node, F32, residual[1] if residual else bn_out)
+    if len(spatial) == 3:
+        _emit_nd(ctx, x, wn, w, bn_in, b, residual, ep, final, out_shape, c, oc, group,
+                 window_of(spatial, kernel, strides, dil, pb, pe, out_sp))
+        return
     if len(spatial) == 1:
         spatial, kernel, strides, dil, pb, out_sp = [1] + spatial, [1] + kernel, [1] + strides, [1] + dil, \
             [0] + pb, [1] + out_sp

@@ -1,5 +1,5 @@
 """Pooling: MaxPool, AveragePool (pads, ceil_mode, count_include_pad, dilations for MaxPool),
-GlobalAveragePool, GlobalMaxPool; 1-D and 2-D, float32. One kernel per shape. MaxPool and
+GlobalAveragePool, GlobalMaxPool; 1-D, 2-D and 3-D, float32. One kernel per shape. MaxPool and
 AveragePool: each thread takes an even share of the planes and copies each into the padded,
 stride-phase-split buffer the depthwise Conv reads (``phase_plane.py``; padding -inf or 0, the identity of the
 reduction), so every tap of an output row is one contiguous run and the row vectorises with no
@@ -9,7 +9,10 @@ whose buffer would not fit a thread's stack is pooled one window at a time.
 Maxima are taken branch-free (``m = v > m ? v : m``, one ``maxps``): a NaN input is skipped rather
 than propagated, and the compare-or-NaN form it replaces was two orders of magnitude slower on
 random data (mispredicted branches). On GPU kinds: ``gpu_conv.pool_kernel`` and
-``global_pool_kernel``, the same windows and counts one output element (or plane) at a time."""
+``global_pool_kernel``, the same windows and counts one output element (or plane) at a time.
+A 3-D MaxPool or AveragePool (NCDHW) has a kernel of its own, one window at a time
+(``pool_nd.py``; ``gpu_window_nd.py`` on GPU kinds): the plane buffer is a 2-D layout; the global
+pools reduce a plane of any rank."""
 
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ from engine_onnx.errors import NodeUnsupported
 from engine_onnx.ops import register
 from engine_onnx.ops.conv import conv_geometry
 from engine_onnx.ops.phase_plane import MAX_PLANE_FLOATS, PHASE_PLANE, phase_plane_floats
+from engine_onnx.ops.pool_nd import pool_nd_spec
+from engine_onnx.ops.window_nd import Window, window_of
 from engine_onnx.vecmath import NO_TRAPS, math_preamble
 
 F32 = np.dtype("float32")
@@ -32,8 +37,8 @@ def _check(ctx, node):
     if ctx.dtype(x) != F32:
         raise NodeUnsupported(f"{node.op_type} on {ctx.dtype(x).name} (float32 only)")
     xs = list(ctx.shape(x))
-    if len(xs) not in (3, 4):
-        raise NodeUnsupported(f"{len(xs) - 2}-D pooling (1-D and 2-D only)")
+    if len(xs) not in (3, 4, 5):
+        raise NodeUnsupported(f"{len(xs) - 2}-D pooling (1-D, 2-D and 3-D only)")
     if any(isinstance(d, Mono) for d in xs[2:]):
         raise NodeUnsupported("dynamic spatial dimensions")
     return xs
@@ -128,6 +133,21 @@ def _per_window_body(is_max: bool, g: dict, planes, ep) -> str:
 """
 
 
+def _pool_nd(ctx, node, xs, is_max: bool, window: Window) -> None:
+    """A 3-D MaxPool or AveragePool: ``pool_nd``'s kernel, or ``gpu_window_nd``'s on GPU kinds."""
+    include_pad = bool(ctx.attr(node, "count_include_pad", 0))
+    ep, final = ctx.take_epilogue(node, F32)
+    planes = dims_product(xs[:2])
+    syms = tuple(symbols_of(xs))
+    if ctx.gpu:
+        from engine_onnx.ops.gpu_window_nd import pool_nd_kernel
+
+        spec = pool_nd_kernel(is_max, planes, window, include_pad, ep, syms)
+    else:
+        spec = pool_nd_spec(is_max, planes, window, include_pad, ep, syms)
+    ctx.emit(spec, [node.input[0]], [(final, F32, xs[:2] + list(window.out))])
+
+
 @register("MaxPool", "AveragePool")
 def _pool(ctx, node) -> None:
     xs = _check(ctx, node)
@@ -142,6 +162,9 @@ def _pool(ctx, node) -> None:
     strides, dil, pb, pe, out_sp = conv_geometry(ctx, node, spatial, kernel, ceil_mode=ceil_mode)
     if not is_max and dil != [1] * len(dil):
         raise NodeUnsupported("AveragePool with dilations")
+    if len(spatial) == 3:
+        _pool_nd(ctx, node, xs, is_max, window_of(spatial, kernel, strides, dil, pb, pe, out_sp))
+        return
     if len(spatial) == 1:
         spatial, kernel, strides, dil, pb, pe, out_sp = ([1] + spatial, [1] + kernel, [1] + strides, [1] + dil,
                                                           [0] + pb, [0] + pe, [1] + out_sp)

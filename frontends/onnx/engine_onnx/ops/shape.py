@@ -14,7 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
-from engine_onnx.dims import Dim, Mono, dim_c, dim_div, dims_product, merge_axes, symbols_of
+from engine_onnx.batch_flow import shape_text
+from engine_onnx.dims import Dim, DimError, Mono, dim_c, dim_div, dim_expr, dims_product, merge_axes, symbols_of
 from engine_onnx.errors import NodeUnsupported, UnsupportedModelError, UnsupportedNode
 from engine_onnx.gpu import gpu_ctype
 from engine_onnx.ops import gpu_kernels, register
@@ -158,7 +159,66 @@ def _reshape(ctx, node) -> None:
             out.append(int(d))
     if unknown >= 0:
         out[unknown] = dim_div(dims_product(src), dims_product(out))
+    elif dims_product(out) != dims_product(src):
+        out = _batch_through(ctx, node, src, out)
+        if dims_product(out) != dims_product(src):
+            _guarded_copy(ctx, node, src, out)
+            return
     ctx.alias(node.output[0], node.input[0], out)
+
+
+def _batch_through(ctx, node, src: Sequence[Dim], target: list[Dim]) -> list[Dim]:
+    """A constant target that holds the batch the model was exported at (``[1, 2048]`` for an input
+    of ``[batch, 2048, 1, 1]``), which ONNX defines at that batch only: its leading axis becomes the
+    batch when the input is proved sample-major (``batch_flow``) and the other axes keep the
+    per-sample element count, so row ``i`` of the output is sample ``i``'s row reshaped, which is
+    what running each sample alone gives. Anything else is refused: it would drop or invent rows."""
+    flow = ctx.batch_flow
+    lead = src[0] if src else None
+    if (target and isinstance(lead, Mono) and flow.leads(src) and target[0] == 1
+            and dims_product(target[1:]) == dims_product(src[1:]) and flow.is_sample_major(node.input[0])):
+        return [lead, *target[1:]]
+    old, new = dims_product(src), dims_product(target)
+    fixed = _fixed_symbol(old, new)
+    if fixed is not None and fixed[0] != flow.symbol and not ctx.gpu:
+        return target  # valid at one value of a symbol other than the batch: checked at run time
+    kind = "the constant shape" if not symbols_of(target) else "the shape"
+    hint = "" if not flow.leads(src) else "; the batch is not proved to flow through axis 0 row for row (docs/onnx.md)"
+    raise NodeUnsupported(f"reshape of {shape_text(src)} ({dim_expr(old)} elements) to {kind} {shape_text(target)} "
+                          f"({dim_expr(new)} elements){_valid_only(old, new)}{hint}")
+
+
+def _fixed_symbol(old: Dim, new: Dim) -> tuple[str, int] | None:
+    """``(s, k)`` when the counts agree exactly at ``s = k`` (one symbol of ``old`` fixed), else None."""
+    for sym in dict.fromkeys(old.syms if isinstance(old, Mono) else ()):
+        try:
+            k = dim_div(new, dim_div(old, Mono(1, (sym,))))
+        except DimError:
+            continue
+        if isinstance(k, int) and k > 0:
+            return sym, k
+    return None
+
+
+def _guarded_copy(ctx, node, src: Sequence[Dim], target: list[Dim]) -> None:
+    """A Reshape that holds at one value of a symbol only (torch bakes the traced sequence length
+    into an attention reshape): a copy whose kernel fails, writing nothing, at any other value,
+    instead of a view that would read the wrong number of elements."""
+    sym, k = _fixed_symbol(dims_product(src), dims_product(target))
+    dtype = ctx.dtype(node.input[0])
+    t = ctype(dtype)
+    syms = tuple(symbols_of([*src, *target]))
+    body = (f"    if (s_{sym} != {k}LL) return 1;\n"
+            f"    memcpy(t[1], t[0], (size_t){dim_c(dims_product(target))} * sizeof({t}));\n")
+    spec = KernelSpec("reshape_at", source_with_entries("", [("copy", body)], syms), ("copy",), syms)
+    ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, target)])
+
+
+def _valid_only(old: Dim, new: Dim) -> str:
+    """Where a single-symbol count mismatch still holds, said in the error (``: valid only at batch = 1``)."""
+    if isinstance(old, Mono) and len(old.syms) == 1 and not isinstance(new, Mono) and new % old.coef == 0:
+        return f": valid only at {old.syms[0]} = {new // old.coef}"
+    return ""
 
 
 @register("Flatten")
@@ -179,6 +239,10 @@ def _squeeze(ctx, node) -> None:
         out = [d for d in s if d != 1]
     else:
         drop = {a % len(s) for a in axes}
+        wide = [(i, s[i]) for i in sorted(drop) if s[i] != 1]
+        if wide:  # a symbolic batch squeezed as if it were the 1 the model was exported at
+            raise NodeUnsupported(f"squeezing axis {wide[0][0]} of size {dim_expr(wide[0][1])} of {shape_text(s)}: "
+                                  f"only axes of size 1 can be removed")
         out = [d for i, d in enumerate(s) if i not in drop]
     ctx.alias(node.output[0], node.input[0], out)
 
@@ -302,6 +366,10 @@ def _concat(ctx, node) -> None:
     shapes = [list(ctx.shape(n)) for n in names]
     rank = len(shapes[0])
     axis = ctx.attr(node, "axis") % rank
+    for n, sh in zip(names, shapes):  # a batch-1 constant beside a symbolic batch would be overrun
+        if len(sh) != rank or any(a != b for k, (a, b) in enumerate(zip(sh, shapes[0])) if k != axis):
+            raise NodeUnsupported(f"input {n!r} of shape {shape_text(sh)} does not match {shape_text(shapes[0])} "
+                                  f"off the concatenation axis {axis}")
     dtype = ctx.dtype(names[0])
     t = ctype(dtype)
     outer = dims_product(shapes[0][:axis])
