@@ -8,8 +8,10 @@ keeps Python's last-resort handler from printing warnings to stderr when the app
 logging. ``engine -v`` / ``-vv`` (the CLI) attaches a stderr handler to ``engine`` at INFO / DEBUG.
 
 Levels: INFO for what changes the process's state in a way an operator may want to know (a plugin
-loaded or failed, a tuning decision, cache evictions, a read-only cache, workspace growth); DEBUG
-for the per-entry detail (cache hits and misses, each timed candidate).
+loaded or failed, a key's tuning starting and ending, cache evictions, a read-only cache, workspace
+growth); WARNING for what asks for action (a plugin that failed, a read-only cache, a tuning at run
+time estimated to be long: ``engine.runtime.tuning``); DEBUG for the per-entry detail (cache hits
+and misses, each timed candidate).
 """
 
 from __future__ import annotations

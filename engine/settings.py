@@ -5,6 +5,7 @@ Nothing deep in the engine reads ``os.environ``: the registry and graphs receive
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -14,11 +15,17 @@ import attrs
 
 from engine.errors import InputError
 
-__all__ = ["Settings", "DISPATCH_POLICIES", "DEFAULT_CACHE_MAX_BYTES", "parse_size", "cache_max_bytes_from_env"]
+__all__ = ["Settings", "DISPATCH_POLICIES", "DEFAULT_CACHE_MAX_BYTES", "DEFAULT_TUNING_WARN_S", "parse_size",
+           "cache_max_bytes_from_env", "parse_seconds"]
 
 DISPATCH_POLICIES = ("tune", "first", "nearest", "error")
 #: The cache directory's default size cap (``ENGINE_CACHE_MAX_BYTES``); see ``engine.cache``.
 DEFAULT_CACHE_MAX_BYTES = 1 << 30
+#: Tuning a key at run time that is estimated to take at least this many seconds is announced at
+#: WARNING level before it starts (``ENGINE_TUNING_WARN_S``; the estimate is
+#: ``engine.runtime.tuning.estimate_tuning_s``, docs/runtime.md §4.1). One second: a first request
+#: that stalls that long is worth an operator's attention; shorter ones are logged at INFO only.
+DEFAULT_TUNING_WARN_S = 1.0
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
                "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40,
                "tib": 1 << 40}
@@ -43,6 +50,19 @@ def cache_max_bytes_from_env(env: Mapping[str, str] | None = None) -> int:
     return parse_size(text, what="ENGINE_CACHE_MAX_BYTES") if text else DEFAULT_CACHE_MAX_BYTES
 
 
+def parse_seconds(text: str, *, what: str) -> float:
+    """A non-negative number of seconds (``"2"``, ``"0.5"``; ``"inf"`` for never); ``InputError``
+    (a ``ValueError``) naming ``what`` otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value) or value < 0:
+        raise InputError(f"{what}={text!r}: expected a non-negative number of seconds such as 1, 0.5 or 30 "
+                         "(0: every tuning; inf: never)")
+    return value
+
+
 def _default_cache_dir(env: Mapping[str, str]) -> Path:
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "engine"
@@ -65,6 +85,9 @@ class Settings:
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
     #: ``ENGINE_TUNING_TRACES=1``: write a Chrome trace of each tuning run under ``cache_dir/traces``.
     tuning_traces: bool = False
+    #: ``ENGINE_TUNING_WARN_S=SECONDS``: tuning at run time estimated to take at least this long is
+    #: announced at WARNING level before it starts (``TuningOptions.warn_s``; 0: every tuning; inf: never).
+    tuning_warn_s: float = DEFAULT_TUNING_WARN_S
     #: ``ENGINE_NATIVE_RUN=0`` turns the native run path off (``engine.runtime.native``: prepared runs
     #: on the CPU as one compiled call). The default reads the variable, so that registries built
     #: with explicit settings follow the switch too.
@@ -92,8 +115,14 @@ class Settings:
             dispatch_cache=_flag(env.get("ENGINE_DISPATCH_CACHE", "1")),
             cache_max_bytes=cache_max_bytes_from_env(env),
             tuning_traces=_flag(env.get("ENGINE_TUNING_TRACES", "0")),
+            tuning_warn_s=_seconds(env, "ENGINE_TUNING_WARN_S", DEFAULT_TUNING_WARN_S),
             native_run=_flag(env.get("ENGINE_NATIVE_RUN", "1")),
         )
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "").strip()
+    return parse_seconds(text, what=name) if text else default
 
 
 def _flag(value: str) -> bool:

@@ -180,3 +180,35 @@ def check_reference_kernels(backend: BackendBase) -> None:
                                 {"batch": batch}, workspace_bytes=batch * 4, defines=dims)
     e = np.exp(h.astype(np.float64) - h.max(axis=1, keepdims=True))
     np.testing.assert_allclose(p, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+#: Two candidates with the same result (y = 2x), for chains of many multi-candidate kernels.
+TWICE_C = r"""
+#include <stdint.h>
+int32_t twice_forward(void *const *t, const int64_t *sym, void *ws) {
+    const float *x = t[0]; float *y = t[1];
+    for (int64_t i = 0; i < sym[0]; i++) y[i] = x[i] * 2.0f;
+    return 0;
+}
+int32_t twice_backward(void *const *t, const int64_t *sym, void *ws) {
+    const float *x = t[0]; float *y = t[1];
+    for (int64_t i = sym[0] - 1; i >= 0; i--) y[i] = x[i] + x[i];
+    return 0;
+}
+int32_t always_fails(void *const *t, const int64_t *sym, void *ws) { return 7; }
+"""
+
+
+def chain_bundle(registry: Registry, path: Path, kernels: int) -> Path:
+    """A bundle with many multi-candidate kernels: y = 2**kernels * x through ``kernels`` kernels of
+    two candidates each (``double_0``, ``double_1``, ...; entries ``twice_forward``, ``twice_backward``)."""
+    from engine.build import GraphBuilder
+
+    b = GraphBuilder("chain", registry=registry)
+    x = b.input("x", "float32", ["n"])
+    for i in range(kernels):
+        k = b.kernel(f"double_{i}", entries=["twice_forward", "twice_backward"], source=TWICE_C)
+        (x,) = b.call(k, [x], [("float32", ["n"])], symbols=["n"])
+    b.output(x, "y")
+    b.save(path)
+    return path

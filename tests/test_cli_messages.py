@@ -230,7 +230,8 @@ def _cells(line: str) -> list[str]:
     return re.split(r"\s{2,}", line.strip())
 
 
-def test_plugin_template_readme_shows_what_engine_devices_prints(tmp_path, capsys):
+def test_plugin_template_readme_shows_what_engine_devices_prints(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # the README shows a terminal wide enough for one line a row
     sys.path.insert(0, str(REPO / "examples" / "plugin-template"))
     try:
         import engine_template.plugin as template_plugin

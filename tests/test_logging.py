@@ -61,7 +61,9 @@ def test_tuning_decisions_and_workspace_growth(caplog, tmp_path, mlp_bundle):
     graph = engine.load_compiled_graph(mlp_bundle, registry=_registry(tmp_path))
     graph.tuning = attrs.evolve(graph.tuning, warmup=1, repeat=1, min_sample_ms=0.0)
     graph.run_async([np.ones((3, 64), np.float32)])
-    (decision,) = _records(caplog, "engine.runtime.tuning", logging.INFO)
+    # INFO: the tuning's start (test_tuning_notices.py), then the decision, with the elapsed time.
+    started, decision = _records(caplog, "engine.runtime.tuning", logging.INFO)
+    assert started.getMessage().startswith("tuning ") and decision.getMessage().startswith("tuned ")
     row = graph.dispatch_table[(3,)]
     message = decision.getMessage()
     assert "{'batch': 3}" in message and f"chose candidates {list(row)}" in message

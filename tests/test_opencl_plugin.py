@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import itertools
 import json
 import os
 import subprocess
@@ -118,8 +119,12 @@ def test_engine_devices_and_engine_demo_on_opencl_from_the_command_line(tmp_path
     devices = subprocess.run([sys.executable, "-m", "engine.cli.main", "devices"], capture_output=True, text=True,
                              env=env, timeout=300)
     assert devices.returncode == 0, devices.stderr
-    (row,) = [line for line in devices.stdout.splitlines() if line.startswith("opencl ")]
-    assert row.split()[:5] == ["opencl", "yes", row.split()[2], "3", "2.0"] and "driver" in row
+    lines = devices.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith("opencl ")]
+    row = lines[at]
+    # The devices column goes on on indented lines when the row is wider than 80 columns (issue 24).
+    entry = " ".join([row, *itertools.takewhile(lambda line: line.startswith("    "), lines[at + 1:])])
+    assert row.split()[:5] == ["opencl", "yes", row.split()[2], "3", "2.0"] and "driver" in entry
     demo = subprocess.run([sys.executable, "-m", "engine.cli.main", "demo", "--device", "opencl"], capture_output=True,
                           text=True, env=env, timeout=600)
     assert demo.returncode == 0, demo.stdout + demo.stderr

@@ -10,18 +10,48 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
+import textwrap
 from typing import IO, Any, Sequence
 
 from engine.runtime.report import format_bytes, format_ms
 
 __all__ = ["table", "format_bytes", "ms", "rate", "emit_json", "to_jsonable", "one_line", "plural", "key_text",
-           "compress_values", "group_rows"]
+           "compress_values", "group_rows", "terminal_width", "wrap", "fit", "MIN_WRAP"]
+
+#: A wrapped column narrower than this reads worse than the text on lines of its own below its row.
+MIN_WRAP = 32
+#: The least room in which the last column's text starts in its row (otherwise all below it).
+_MIN_HANG = 12
+
+
+def terminal_width() -> int:
+    """The width text output must fit: ``COLUMNS``, else stdout's terminal, else 80 (``shutil``'s rule)."""
+    return max(shutil.get_terminal_size((80, 24)).columns, 20)
+
+
+def wrap(text: str, width: int, *, indent: str = "", initial: str = "") -> list[str]:
+    """``text`` on lines of at most ``width`` characters (the first starts with ``initial``, the
+    others with ``indent``); words longer than a line (paths) are broken."""
+    return textwrap.wrap(text, width, initial_indent=initial, subsequent_indent=indent,
+                         break_on_hyphens=False) or [""]
+
+
+def fit(line: str, width: int) -> str:
+    """``line`` cut to ``width`` characters, the cut marked with an ellipsis."""
+    return line if len(line) <= width else line[:max(width - 1, 0)] + "\u2026"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: Sequence[int] = (),
-          indent: str = "") -> str:
-    """A plain-text table: a header, a rule, one line per row. ``right`` lists right-aligned columns."""
+          indent: str = "", width: int | None = None) -> str:
+    """A plain-text table: a header, a rule, one line per row. ``right`` lists right-aligned columns.
+
+    With ``width`` no line is wider: the last column's text is wrapped within its column or, when
+    the other columns leave it fewer than ``MIN_WRAP`` characters, starts in its row and goes on
+    on indented lines below it (a hanging indent: every row still starts with its own cells and
+    the first words of its last one). Any line still too wide is cut (``fit``).
+    """
     cells = [[str(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
@@ -32,9 +62,45 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: Se
         parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
         return (indent + "  ".join(parts)).rstrip()
 
-    out = [line(list(headers)), line(["-" * w for w in widths])]
-    out.extend(line(r) for r in cells)
-    return "\n".join(out)
+    total = len(indent) + sum(widths) + 2 * (len(widths) - 1)
+    if width is None or total <= width or not widths:
+        out = [line(list(headers)), line(["-" * w for w in widths])]
+        out.extend(line(r) for r in cells)
+        return "\n".join(out)
+    last = len(widths) - 1
+    room = width - (total - widths[last])
+    out = []
+    if room >= max(MIN_WRAP, len(headers[last])):
+        widths[last] = room
+        out += [line(list(headers)), line(["-" * w for w in widths])]
+        blank = [""] * last
+        for r in cells:
+            pieces = wrap(r[last], room) if len(r) > last else [""]
+            out.append(line([*r[:last], pieces[0]]))
+            out.extend(line([*blank, p]) for p in pieces[1:])
+    else:  # a hanging indent: the last column starts in its row and goes on below it
+        prefix = width - room
+        hang = indent + "    "
+        widths[last] = max(min(room, widths[last]), len(headers[last]))
+        if room >= _MIN_HANG and len(headers[last]) <= room:
+            out += [line(list(headers)), line(["-" * w for w in widths])]
+        else:
+            out += [line([*headers[:last], ""]), hang + headers[last],
+                    line(["-" * w for w in widths[:last]] + [""])]
+        for r in cells:
+            text = r[last] if len(r) > last else ""
+            words = text.split()
+            if not words:
+                out.append(line(r[:last]))
+            elif room >= _MIN_HANG and len(words[0]) <= room:  # never break the first word to start it here
+                pieces = textwrap.wrap(text, width, initial_indent=" " * prefix, subsequent_indent=hang,
+                                       break_on_hyphens=False)
+                out.append(line([*r[:last], pieces[0][prefix:]]))
+                out.extend(pieces[1:])
+            else:  # too little room even to start: all of it below the row
+                out.append(line(r[:last]))
+                out.extend(wrap(text, width, indent=hang, initial=hang))
+    return "\n".join(fit(x, width) for x in out)
 
 
 def ms(value: float) -> str:

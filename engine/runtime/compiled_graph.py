@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, cast
 
+import attrs
 import numpy as np
 
 from engine.bundle import archive as _archive
@@ -29,6 +30,7 @@ from engine.device import Device
 from engine.errors import BundleError, InputError, OutOfMemoryError, Unsupported
 from engine.plugins import Registry, default_registry
 from engine.hostptr import array_address
+from engine.runtime.context import RunContext
 from engine.runtime.dispatch import DispatchTable
 from engine.runtime.dispatch_cache import DispatchCache
 from engine.runtime.dispatcher import Dispatcher, TuneBatch
@@ -38,7 +40,7 @@ from engine.runtime.prepared import OutputWrapper, PreparedRun, input_text
 from engine.runtime.runtime import GraphRuntime, Lane, RunStats, open_devices
 from engine.runtime.profile import Profile, ProfileRecorder
 from engine.runtime.trace import TraceRecorder, write_trace
-from engine.runtime.tuning import CandidateTiming, TuningOptions, TuningStats
+from engine.runtime.tuning import CandidateTiming, TuningListener, TuningOptions, TuningStats
 from engine.runtime.tasks import CompiledTask, availability_tag
 from engine.runtime.weights import check_weights
 from engine.storage import ExternalStorage, Storage, close_all
@@ -75,7 +77,12 @@ class CompiledGraph:
         self.last_tune_trace: Path | None = None
         self._lock = threading.RLock()
         self._hooks: list[ModelExecutionHook] = []
-        self.tuning = TuningOptions(write_traces=registry.settings.tuning_traces)
+        self.tuning = TuningOptions(write_traces=registry.settings.tuning_traces,
+                                    warn_s=registry.settings.tuning_warn_s)
+        #: Called with a ``TuningEvent`` when a key starts being tuned, after each of its kernels and
+        #: at its end (``engine.runtime.tuning``; the command line draws its progress with it).
+        #: Never called for a key that has a row.
+        self.tuning_listener: TuningListener | None = None
 
     @property
     def runtime(self) -> GraphRuntime:
@@ -225,14 +232,47 @@ class CompiledGraph:
         if out_storages is None:
             out_storages = runtime.output_storages(plan, lane)
         ctx = runtime.context(plan, lane)
-        timings = interpret(ctx, self._tasks, choices, weights=weights, input_ptrs=ptrs, out_storages=out_storages,
-                            hooks=tuple(self._hooks), tuning=self.tuning, observer=watch)
+        if None not in choices:
+            timings = interpret(ctx, self._tasks, choices, weights=weights, input_ptrs=ptrs,
+                                out_storages=out_storages, hooks=tuple(self._hooks), tuning=self.tuning,
+                                observer=watch)
+        else:
+            timings = self._interpret_tuning(ctx, choices, weights, ptrs, out_storages, watch, start,
+                                             ahead_of_time=batch is not None)
         if observer is None or timings:
             lane.counters.slow_runs += 1
         if timings:
             self._dispatcher.record_tuned(key, tuple(c or 0 for c in choices), timings, recorder, start, batch=batch)
         # Outputs are wrapped exactly as the fast path does (share_map and copied inputs included).
         return OutputWrapper(ctx).wrap(ptrs, keep, out_storages)
+
+    def _interpret_tuning(self, ctx: RunContext, choices: list[int | None], weights: Sequence[Tensor], ptrs: list[Any],
+                          out_storages: list[Storage], watch: InstructionObserver | None, start: float, *,
+                          ahead_of_time: bool) -> list[CandidateTiming]:
+        """``interpret`` at a key that is tuned: announced before (log, listener), followed per kernel
+        and at the end (issue 24: tuning is never silent)."""
+        tasks = self._tasks
+        event = self._dispatcher.announce_tuning(ctx.plan.key, [len(tasks[t].candidates) for t, c in
+                                                                enumerate(choices) if c is None],
+                                                 self.tuning, ahead_of_time=ahead_of_time)
+        listener = self.tuning_listener
+        on_tuned = None
+        if listener is not None:
+            listener(event)
+
+            def on_tuned(done: int) -> None:
+                listener(attrs.evolve(event, phase="kernel", done=done, elapsed_s=time.perf_counter() - start))
+
+        try:
+            timings = interpret(ctx, tasks, choices, weights=weights, input_ptrs=ptrs, out_storages=out_storages,
+                                hooks=tuple(self._hooks), tuning=self.tuning, observer=watch, on_tuned=on_tuned)
+        except BaseException:
+            if listener is not None:
+                listener(attrs.evolve(event, phase="failed", elapsed_s=time.perf_counter() - start))
+            raise
+        if listener is not None:
+            listener(attrs.evolve(event, phase="end", done=len(timings), elapsed_s=time.perf_counter() - start))
+        return timings
 
     @property
     def trace_dir(self) -> Path | None:

@@ -22,7 +22,7 @@ from engine.log import get_logger
 from engine.runtime.dispatch import DispatchTable
 from engine.runtime.dispatch_cache import DispatchCache
 from engine.runtime.trace import TraceRecorder, session_trace, trace_file_name, write_trace
-from engine.runtime.tuning import CandidateTiming, TuningStats
+from engine.runtime.tuning import CandidateTiming, TuningEvent, TuningOptions, TuningStats, estimate_tuning_s
 
 if TYPE_CHECKING:
     from engine.bundle.contents import BundleContents
@@ -120,14 +120,42 @@ class Dispatcher:
             row = self.table.get(key)
         return row
 
+    # -- announcing ----------------------------------------------------------------------------
+    def announce_tuning(self, key: Key, candidates: Sequence[int], options: TuningOptions, *,
+                        ahead_of_time: bool) -> TuningEvent:
+        """Say that ``key`` is about to be tuned (``candidates``: one count per kernel to time).
+
+        INFO always; WARNING too when the estimate reaches ``options.warn_s`` at run time (not in
+        ``graph.tune``, which is the advice itself). Only ever called on the tuning path.
+        """
+        symbols = dict(zip(self._symbols, key))
+        kernels, total = len(candidates), sum(candidates)
+        estimate = estimate_tuning_s(candidates, options)
+        long = not ahead_of_time and estimate >= options.warn_s
+        of = f"{total} candidates of {kernels} kernel{'' if kernels == 1 else 's'}"
+        log.info("tuning %s at %s: timing %s (estimated %.2f s%s)", self._identity[:16], symbols, of, estimate,
+                 ", ahead of time" if ahead_of_time else "")
+        if long:
+            option = "".join(f" --symbol {s}={v}" for s, v in symbols.items())
+            call = ", ".join(f"{s}={v}" for s, v in symbols.items())
+            log.warning("tuning %s at %s is expected to take about %.2f s (%s, %d samples "
+                        "of at least %g ms each; longer where the kernels are slower) and this run waits for it; "
+                        "to avoid tuning at run time, tune ahead of time ('engine tune BUNDLE%s --save', or "
+                        "graph.tune(%s)) and ship the table, or set "
+                        "ENGINE_DISPATCH_POLICY=nearest (the nearest tuned key's choice) or "
+                        "ENGINE_DISPATCH_POLICY=first (candidate 0, no timing); ENGINE_TUNING_WARN_S (now %g) "
+                        "sets when this is said", self._identity[:16], symbols, estimate, of, options.repeat,
+                        options.min_sample_ms, option, call, options.warn_s)
+        return TuningEvent("start", symbols, kernels, total, 0, estimate, long, ahead_of_time)
+
     # -- recording -----------------------------------------------------------------------------
     def record_tuned(self, key: Key, choice: Key, timings: list[CandidateTiming], recorder: TraceRecorder | None,
                      start: float, *, batch: TuneBatch | None = None) -> None:
         """Keep a tuned row: in the table, the tuning log, the cache file and its trace (or in ``batch``)."""
         self.table.record(key, choice, source="tuned")
         if log.isEnabledFor(logging.INFO):
-            log.info("tuned %s at %s: chose candidates %s (%s)", self._identity[:16],
-                     dict(zip(self._symbols, key)), list(choice),
+            log.info("tuned %s at %s in %.3f s: chose candidates %s (%s)", self._identity[:16],
+                     dict(zip(self._symbols, key)), time.perf_counter() - start, list(choice),
                      "; ".join(f"task {t.task}: medians {[round(m, 4) for m in t.medians_ms]} ms" for t in timings))
         with self._lock:
             self._log[key] = timings

@@ -66,8 +66,13 @@ def interpret(
     hooks: Sequence[ModelExecutionHook] = (),
     tuning: TuningOptions = TuningOptions(),
     observer: InstructionObserver | None = None,
+    on_tuned: Callable[[int], None] | None = None,
 ) -> list[CandidateTiming]:
-    """Run every instruction; fill ``choices`` (``None`` = tune now). Returns what tuning measured."""
+    """Run every instruction; fill ``choices`` (``None`` = tune now). Returns what tuning measured.
+
+    ``on_tuned(count)`` is called after each instruction whose candidates were timed (``count``
+    so far): the graph's tuning listener follows the progress of a key with it.
+    """
     plan = ctx.plan
     ex = ctx.contents.execution
     ptr = resolve_static_pointers(ctx, weights)
@@ -89,6 +94,8 @@ def interpret(
             timings.append(timing)
             if observer is not None:
                 observer.tuned(pos, task, timing, start, clock())
+            if on_tuned is not None:
+                on_tuned(len(timings))
         choice = choices[ins.task_idx] or 0
         launch, _ = prepare_instruction(ctx, task, pos, choice, ptrs)
         if observer is None:

@@ -22,6 +22,12 @@ the real run's values.
 
 Each decision is logged (``engine.runtime.tuning``, DEBUG): the instruction and task, every
 candidate's median, the dropped ones and the choice.
+
+Tuning is never silent (issue 24): a key's tuning is logged at INFO when it starts (the key, the
+kernels and candidates to time) and when it ends (the elapsed time), and, when its estimate
+(``estimate_tuning_s``) reaches ``TuningOptions.warn_s``, at WARNING before it starts, naming the
+ways to avoid it at run time. ``graph.tuning_listener`` hears the same as ``TuningEvent``s (the
+command line draws its progress from them). None of it is on the path of a key that has a row.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import attrs
 
@@ -38,10 +44,11 @@ from engine.errors import OutOfMemoryError
 from engine.log import get_logger
 from engine.runtime.context import RunContext
 from engine.runtime.tasks import CompiledTask
+from engine.settings import DEFAULT_TUNING_WARN_S
 from engine.storage import Storage
 
-__all__ = ["TuningOptions", "CandidateTiming", "TuningStats", "select_candidate", "timing_operands",
-           "tune_instruction", "launch_runner"]
+__all__ = ["TuningOptions", "CandidateTiming", "TuningStats", "TuningEvent", "TuningListener", "select_candidate",
+           "timing_operands", "tune_instruction", "launch_runner", "estimate_tuning_s"]
 
 log = get_logger("engine.runtime.tuning")
 
@@ -82,6 +89,52 @@ class TuningOptions:
     #: (``ENGINE_TUNING_TRACES=1``, ``Settings.tuning_traces``, turns it on; so does
     #: ``graph.tuning = attrs.evolve(graph.tuning, write_traces=True)``).
     write_traces: bool = False
+    #: Tuning at run time whose estimate (``estimate_tuning_s``) is at least this many seconds is
+    #: announced at WARNING level before it starts (0: every tuning; ``math.inf``: never). Default
+    #: ``ENGINE_TUNING_WARN_S`` (``Settings.tuning_warn_s``), else ``DEFAULT_TUNING_WARN_S``.
+    warn_s: float = attrs.field(default=DEFAULT_TUNING_WARN_S, validator=_non_negative)
+
+
+def estimate_tuning_s(candidates: Sequence[int], options: TuningOptions) -> float:
+    """How long timing these candidates (one count per kernel to tune) is expected to take, in seconds.
+
+    The rule (docs/runtime.md §4.1): every candidate of every kernel takes ``repeat`` samples, and a
+    sample is made to last about ``min_sample_ms`` (tuning rule, step 1), so the estimate is
+    ``sum(candidates) * repeat * min_sample_ms``. It is known before anything runs and depends only
+    on the bundle and the options: kernels slower than ``min_sample_ms`` at the key take longer
+    (each sample is then one call), candidates dropped early take less.
+    """
+    return sum(candidates) * options.repeat * options.min_sample_ms / 1e3
+
+
+@attrs.frozen
+class TuningEvent:
+    """What ``graph.tuning_listener`` hears while one key is tuned.
+
+    ``phase`` is ``"start"`` (before any candidate is timed), ``"kernel"`` (after each kernel's
+    candidates were timed: ``done`` of ``kernels``), then ``"end"`` or, when the run raised,
+    ``"failed"``. ``long`` is true when ``estimate_s`` reached ``TuningOptions.warn_s`` (the WARNING
+    was logged); ``ahead_of_time`` when ``graph.tune`` tunes the key (no warning then).
+    """
+
+    phase: Literal["start", "kernel", "end", "failed"]
+    #: The key: symbol name -> value.
+    symbols: Mapping[str, int]
+    #: Kernels (tasks with several candidates) to time at this key.
+    kernels: int
+    #: Their candidates, added up.
+    candidates: int
+    #: Kernels timed so far.
+    done: int = 0
+    estimate_s: float = 0.0
+    long: bool = False
+    ahead_of_time: bool = False
+    #: Seconds since the start (``"end"`` and ``"failed"``: the whole tuning run).
+    elapsed_s: float = 0.0
+
+
+#: ``graph.tuning_listener``: called with each ``TuningEvent``, in the tuning thread.
+TuningListener = Callable[[TuningEvent], None]
 
 
 @attrs.frozen

@@ -19,7 +19,7 @@ from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
 from engine.cli.loading import (check_bundle_path, check_input_memory, check_output_path, key_grid, largest_key,
                                 load_graph, place_inputs, random_array, read_outline, resolve_device, synchronize)
-from engine.cli.progress import Progress
+from engine.cli.progress import Progress, watch_tuning
 from engine.cli.render import finish, ms, rate, table
 
 EXAMPLES = """
@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress(len(devices) * len(keys) * per_key, "benchmarking") as bar:
         for device in devices:
             graph = load_graph(path, device, registry)
+            watch_tuning(graph, args, bar=bar)
             with graph:
                 where = ", ".join(str(d) for d in graph.devices.values())
                 for key in keys:

@@ -6,7 +6,7 @@ import argparse
 
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
-from engine.cli.render import emit_json, table
+from engine.cli.render import emit_json, table, terminal_width, wrap
 
 EXAMPLES = """
   engine devices                    the table of device kinds
@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     if not doc["devices"]:
         from engine.cli.version import no_plugins_reason
 
-        print(f"no device plugins: {no_plugins_reason(registry_of(args))}")
+        print("\n".join(wrap(f"no device plugins: {no_plugins_reason(registry_of(args))}", terminal_width(),
+                              indent="  ")))
         return 1
     rows = []
     for r in doc["devices"]:
@@ -71,12 +72,18 @@ def run(args: argparse.Namespace) -> int:
         rows.append([r["kind"], "yes" if r["available"] else "no", r["device_count"],
                      "-" if r["workspace_slot"] is None else r["workspace_slot"], r["api_version"] or "-", plugin,
                      detail])
-    print(table(["kind", "available", "count", "slot", "api", "plugin", "devices / cause"], rows, right=(2, 3)))
+    # Causes can be long (the HIP plugin's names several libraries): the last column wraps so that
+    # no line is wider than the terminal (80 columns off a terminal; issue 24).
+    width = terminal_width()
+    print(table(["kind", "available", "count", "slot", "api", "plugin", "devices / cause"], rows, right=(2, 3),
+                width=width))
     if args.verbose:
         for f in doc["failures"]:
-            print(f"\nplugin {f['plugin']!r} ({f['distribution'] or 'unknown distribution'}): {f['cause']}")
+            head = f"plugin {f['plugin']!r} ({f['distribution'] or 'unknown distribution'}): {f['cause']}"
+            print("\n" + "\n".join(wrap(head, width, indent="  ")))
             if f["details"]:
-                print(f["details"].rstrip())
+                print(f["details"].rstrip())  # a traceback, kept as Python printed it
     elif doc["failures"]:
-        print(f"\n{len(doc['failures'])} plugin(s) could not be used; 'engine devices --verbose' shows why in full")
+        print("\n" + "\n".join(wrap(f"{len(doc['failures'])} plugin(s) could not be used; 'engine devices --verbose' "
+                                     f"shows why in full", width)))
     return 0

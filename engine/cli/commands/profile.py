@@ -7,6 +7,7 @@ import argparse
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
 from engine.cli.loading import check_bundle_path, check_output_path, make_inputs, open_graph, read_outline
+from engine.cli.progress import watch_tuning
 from engine.cli.render import finish
 
 EXAMPLES = """
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     registry = registry_of(args)
     out_path = check_output_path(args.output, option="--output") if args.output else None
     graph = open_graph(path, args.device, read_outline(path).kinds, registry)
+    watch_tuning(graph, args)
     with graph:
         inputs, key, _ = make_inputs(graph, args.input, args.symbol, random=args.random, seed=args.seed,
                                          registry=registry)

@@ -14,6 +14,7 @@ from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
 from engine.cli.loading import (check_bundle_path, check_output_path, input_names, make_inputs, open_graph,
                                 output_names, read_outline, synchronize)
+from engine.cli.progress import watch_tuning
 from engine.cli.render import emit_json, key_text, ms, table
 
 EXAMPLES = """
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if out_path is not None and out_path.suffix == ".npy" and n_out != 1:
         raise UsageError(f"--output {args.output}: the graph has {n_out} outputs; use a .npz file")
     graph = open_graph(path, args.device, outline.kinds, registry)
+    watch_tuning(graph, args)
     with graph:
         inputs, key, made = make_inputs(graph, args.input, args.symbol, random=args.random, seed=args.seed,
                                          registry=registry)

@@ -8,6 +8,7 @@ from collections import defaultdict
 from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
 from engine.cli.loading import check_bundle_path, check_output_path, make_inputs, open_graph, read_outline
+from engine.cli.progress import watch_tuning
 from engine.cli.render import emit_json, key_text, plural, table
 
 EXAMPLES = """
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     registry = registry_of(args)
     out_path = check_output_path(args.output, option="-o/--output")
     graph = open_graph(path, args.device, read_outline(path).kinds, registry)
+    watch_tuning(graph, args)
     with graph:
         inputs, key, _ = make_inputs(graph, args.input, args.symbol, random=args.random, seed=args.seed,
                                          registry=registry)

@@ -15,8 +15,8 @@ from engine.cli.commands import add_command
 from engine.cli.loading import registry_of
 from engine.cli.loading import (check_bundle_path, check_input_memory, check_output_path, key_grid, largest_key,
                                 open_graph, read_outline)
-from engine.cli.progress import Progress
-from engine.cli.render import emit_json, group_rows, key_text, plural, table
+from engine.cli.progress import Progress, watch_tuning
+from engine.cli.render import emit_json, fit, group_rows, key_text, plural, table, terminal_width, wrap
 
 EXAMPLES = """
   engine tune mlp.cgb --symbol batch=1..64 --save          tune 64 keys, write the table into mlp.cgb
@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         before = set(graph.dispatch_table)
         start = time.perf_counter()
         with Progress(len(keys), "tuning") as bar:
+            watch_tuning(graph, args, bar=bar)
             rows = graph.tune(progress=lambda done, total, sym: bar.update(done, key_text(sym)), **grid_values)
         elapsed = time.perf_counter() - start
         names = [t.name for t in graph.compiled_tasks]
@@ -144,25 +145,78 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(doc: dict) -> str:
-    lines = [f"tuned {doc['bundle']} on {', '.join(doc['devices'])}: {plural(doc['tuned'], 'new key')}, "
-             f"{plural(doc['kept'], 'key')} already in the table, in {doc['seconds']:.2f} s"]
+def render(doc: dict, width: int | None = None) -> str:
+    """The text view, no line wider than ``width`` (default: the terminal's, 80 off a terminal).
+
+    The table has a column per multi-candidate kernel; when that is wider than ``width`` (many
+    kernels) it is transposed, a row per kernel and a column per group of keys, in as many blocks
+    of columns as needed (``transposed``).
+    """
+    width = terminal_width() if width is None else width
+    lines = wrap(f"tuned {doc['bundle']} on {', '.join(doc['devices'])}: {plural(doc['tuned'], 'new key')}, "
+                 f"{plural(doc['kept'], 'key')} already in the table, in {doc['seconds']:.2f} s", width, indent="  ")
     if not doc["multi_candidate_tasks"]:
-        lines.append("every kernel has a single candidate: there is nothing to choose, no timing was needed")
+        lines += wrap("every kernel has a single candidate: there is nothing to choose, no timing was needed", width)
     else:
         tasks = doc["multi_candidate_tasks"]
         items = [(r["symbols"], (*(r["entries"][t] for t in tasks), "new" if r["new"] else "kept"))
                  for r in doc["keys"]]
-        rows = [[label, count, *values] for label, count, values in group_rows(items)]
-        lines.append(table(["keys", "count", *tasks, "row"], rows, right=(1,)))
+        groups = group_rows(items)
+        rows = [[label, count, *values] for label, count, values in groups]
+        text = table(["keys", "count", *tasks, "row"], rows, right=(1,))
+        if max(len(x) for x in text.splitlines()) > width:
+            text = transposed(tasks, groups, width)
+        lines.append(text)
     if doc["untuned_keys_for_nearest"]:
-        lines.append(f"policy nearest: {plural(doc['untuned_keys_for_nearest'], 'other key')} of the grid take the "
-                     f"choice of the nearest tuned key when served with ENGINE_DISPATCH_POLICY=nearest")
+        lines += wrap(f"policy nearest: {plural(doc['untuned_keys_for_nearest'], 'other key')} of the grid take the "
+                      f"choice of the nearest tuned key when served with ENGINE_DISPATCH_POLICY=nearest", width)
     if doc["saved_to"]:
-        lines.append(f"dispatch table ({plural(doc['table_size'], 'key')}) saved into {doc['saved_to']}")
+        lines += wrap(f"dispatch table ({plural(doc['table_size'], 'key')}) saved into {doc['saved_to']}", width,
+                      indent="  ")
     else:
-        lines.append(f"dispatch table: {plural(doc['table_size'], 'key')}; not written into a bundle "
-                     f"(--save writes it into the bundle, -o into a copy)")
+        lines += wrap(f"dispatch table: {plural(doc['table_size'], 'key')}; not written into a bundle "
+                      f"(--save writes it into the bundle, -o into a copy)", width)
     if doc["cache"]:
-        lines.append(f"tuned rows are also kept in the dispatch cache: {doc['cache']}")
+        lines += wrap(f"tuned rows are also kept in the dispatch cache: {short_path(doc['cache'])}", width,
+                      indent="  ")
     return "\n".join(lines)
+
+
+def transposed(tasks: list[str], groups: list[tuple[str, int, tuple]], width: int) -> str:
+    """The choices with a row per kernel and a column per group of keys, in blocks that fit ``width``.
+
+    Cells wider than half the width are cut (``fit``): the kernel and entry names are in ``--json``.
+    """
+    cap = max((width - 2) // 2, 8)
+    names = [fit(n, cap) for n in ["kernel", "count", *tasks, "row"]]
+    first = max(len(n) for n in names)
+    columns = [[fit(label, cap), str(count), *(fit(str(v), cap) for v in values)] for label, count, values in groups]
+    blocks: list[list[list[str]]] = [[]]
+    used = first
+    for column in columns:
+        need = 2 + max(len(c) for c in column)
+        if blocks[-1] and used + need > width:
+            blocks.append([])
+            used = first
+        blocks[-1].append(column)
+        used += need
+    out = []
+    for block in blocks:
+        headers = [names[0], *(c[0] for c in block)]
+        rows = [[names[r], *(c[r] for c in block)] for r in range(1, len(names))]
+        out.append(table(headers, rows, width=width))
+    return "\n\n".join(out)
+
+
+def short_path(path: str) -> str:
+    """A cache file's path for the text view: the home directory as ``~``, the bundle identity in its
+    name cut to 8 hex digits (``13e1d590….<device tag>.txt``); ``--json`` has it in full."""
+    import os
+    import re
+
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and (path == home or path.startswith(home + os.sep)):
+        path = "~" + path[len(home):]
+    head, sep, name = path.rpartition(os.sep)
+    name = re.sub(r"\A([0-9a-f]{8})[0-9a-f]{56}", "\\1\u2026", name)
+    return head + sep + name
