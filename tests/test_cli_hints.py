@@ -25,13 +25,12 @@ import pytest
 import engine
 from engine.build import GraphBuilder
 
+from cli_support import RELU_ONNX, cli_env, engine_cli, one_error_line
+
 REPO = Path(__file__).resolve().parent.parent
 HAS_ENGINE_ONNX = importlib.util.find_spec("engine_onnx") is not None
 
 #: A real ONNX model (Relu over float32[1, 4], opset 13), serialized: no onnx needed to write it.
-RELU_ONNX = (b'\x08\x08:;\n\x0c\n\x01x\x12\x01y"\x04Relu\x12\x01gZ\x13\n\x01x\x12\x0e\n\x0c\x08\x01\x12'
-             b'\x08\n\x02\x08\x01\n\x02\x08\x04b\x13\n\x01y\x12\x0e\n\x0c\x08\x01\x12\x08\n\x02\x08\x01\n\x02\x08\x04B\x04\n\x00\x10\r')
-
 ADD_C = r"""
 #include <stdint.h>
 int32_t add(void *const *t, const int64_t *sym, void *ws) {
@@ -52,22 +51,7 @@ def work(tmp_path_factory, mlp_bundle) -> Path:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:
-    out = {k: v for k, v in os.environ.items()
-           if k not in ("ENGINE_DEVICES", "ENGINE_DISPATCH_POLICY", "ENGINE_PLUGINS_AUTOLOAD", "PYTHONPATH")}
-    out["ENGINE_CACHE_DIR"] = str(tmp_path_factory.mktemp("hints-cache"))
-    return out
-
-
-def engine_cli(work: Path, env: dict[str, str], *argv: str, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine", *argv], cwd=work, env={**env, **extra},
-                          capture_output=True, text=True, timeout=300)
-
-
-def one_error_line(proc: subprocess.CompletedProcess, command: str) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"engine {command}: error: "), proc.stderr
-    assert "internal error" not in lines[0] and "Traceback" not in proc.stderr
-    return lines[0]
+    return cli_env(tmp_path_factory.mktemp("hints-cache"))
 
 
 # -- 1. engine convert where engine-onnx is not installed ------------------------------------------

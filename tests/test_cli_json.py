@@ -2,28 +2,22 @@
 ``engine --help`` lists, run as a real process with ``--json``, prints exactly one JSON document on
 stdout; an error prints none (one line on stderr, as without ``--json``).
 
-``convert`` comes from engine-onnx (skipped where it is not installed); it has no ``--json`` of its
-own, so it gets the generic document ``{command, exit_code, output}`` (engine/cli/contributed.py).
+``convert`` comes from engine-onnx (skipped where it is not installed) and prints its own document.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-HAS_ENGINE_ONNX = importlib.util.find_spec("engine_onnx") is not None
+from cli_support import RELU_ONNX, cli_env, engine_cli
 
-#: A real ONNX model (Relu over float32[1, 4], opset 13), serialized (as in test_cli_hints.py).
-RELU_ONNX = (b'\x08\x08:;\n\x0c\n\x01x\x12\x01y"\x04Relu\x12\x01gZ\x13\n\x01x\x12\x0e\n\x0c\x08\x01\x12'
-             b'\x08\n\x02\x08\x01\n\x02\x08\x04b\x13\n\x01y\x12\x0e\n\x0c\x08\x01\x12\x08\n\x02\x08\x01\n\x02\x08\x04B\x04\n\x00\x10\r')
+HAS_ENGINE_ONNX = importlib.util.find_spec("engine_onnx") is not None
 
 #: One --json command line per command (several for cache), run in the work directory.
 CASES = {
@@ -51,17 +45,10 @@ def work(tmp_path_factory, mlp_bundle) -> Path:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:
-    out = dict(os.environ)
-    for name in ("ENGINE_DEVICES", "ENGINE_DISPATCH_POLICY", "ENGINE_PLUGINS_AUTOLOAD", "ENGINE_DISPATCH_CACHE",
-                 "ENGINE_TUNING_WARN_S"):
-        out.pop(name, None)
-    out["ENGINE_CACHE_DIR"] = str(tmp_path_factory.mktemp("json-cache"))
-    return out
+    return cli_env(tmp_path_factory.mktemp("json-cache"))
 
 
-def engine(work: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine", *argv], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=300)
+engine = engine_cli
 
 
 def test_the_cases_cover_every_command(work, env):
@@ -85,8 +72,8 @@ def test_json_gives_one_json_document_on_stdout(case, work, env):
     doc = json.loads(proc.stdout)  # the whole of stdout: nothing before or after the document
     assert isinstance(doc, dict) and doc
     if case == "convert":
-        assert doc["command"] == "convert" and doc["exit_code"] == 0
-        assert any("relu.cgb" in line for line in doc["output"])
+        assert doc["model"] == "relu.onnx" and doc["output"] == "relu.cgb" and doc["device"] == "cpu"
+        assert doc["form"] == "zip" and doc["seconds"] > 0 and doc["pins"] == []
         assert (work / "relu.cgb").is_file()
 
 

@@ -5,7 +5,6 @@ and, where the old message blamed something else, for not blaming it any more.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -16,6 +15,8 @@ import numpy as np
 import pytest
 
 from engine.cli.render import format_bytes, group_rows
+
+from cli_support import cli_env, engine_cli, one_error_line
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,24 +30,10 @@ def work(tmp_path_factory, mlp_bundle) -> Path:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:
-    out = dict(os.environ)
-    out["ENGINE_CACHE_DIR"] = str(tmp_path_factory.mktemp("messages-cache"))
-    for name in ("ENGINE_DEVICES", "ENGINE_DISPATCH_POLICY", "ENGINE_PLUGINS_AUTOLOAD", "ENGINE_DISPATCH_CACHE",
-                 "ENGINE_MAX_PLANNED_BYTES"):
-        out.pop(name, None)
-    return out
+    return cli_env(tmp_path_factory.mktemp("messages-cache"))
 
 
-def engine(work: Path, env: dict[str, str], *argv: str, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine", *argv], cwd=work, env={**env, **extra},
-                          capture_output=True, text=True, timeout=300)
-
-
-def one_error_line(proc: subprocess.CompletedProcess, command: str) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"engine {command}: error: "), proc.stderr
-    assert "internal error" not in lines[0] and "Traceback" not in proc.stderr
-    return lines[0]
+engine = engine_cli
 
 
 # -- sizes the machine cannot hold -----------------------------------------------------------------

@@ -98,9 +98,13 @@ def test_shipped_light_model_with_its_own_weights_matches_onnxruntime():
 def test_transformer_encoder_with_dynamic_batch_and_sequence():
     pytest.importorskip("torch")
     model = zoo.transformer_encoder(layers=4, seq=16)
-    graph = _quick(engine_onnx.convert(model).build())
-    assert tuple(graph.meta.symbols) == ("batch", "seq")
-    assert graph.meta.outputs[0].shape_str() == "[batch, seq, 64]"
+    with pytest.warns(engine_onnx.SymbolPinnedWarning, match="seq fixed to 16: /layers.0/self_attn/Reshape"):
+        graph = _quick(engine_onnx.convert(model).build())
+    # torch baked the traced length into the attention reshapes: seq is pinned, the batch stays.
+    assert tuple(graph.meta.symbols) == ("batch",)
+    assert graph.meta.outputs[0].shape_str() == "[batch, 16, 64]"
+    with pytest.raises(engine.InputError, match="dimension 1 must be 16, got 24"):
+        graph.run_async([np.zeros((1, 24, 64), np.float32)])
     for batch in (1, 8):
         _check(model, graph, [(batch, 16, 64)], seed=batch)
 
@@ -186,7 +190,8 @@ def test_an_opset_out_of_range_is_refused_in_one_line():
     newest = onnx.defs.onnx_opset_version()
     model = _tiny_model([helper.make_node("Relu", ["x"], ["y"])], [x],
                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], opset=newest + 1)
-    with pytest.raises(engine_onnx.UnsupportedOpsetError, match=f"opset {newest + 1}; expected an opset from 1 to {newest}"):
+    with pytest.raises(engine_onnx.UnsupportedOpsetError,
+                       match=f"opset {newest + 1}; expected an opset from 1 to {newest}"):
         engine_onnx.convert(model)
 
 
@@ -339,7 +344,8 @@ def test_engine_convert_for_cuda_writes_compiled_kernels_and_refuses_what_has_no
 
 @pytest.fixture(scope="module")
 def encoder_onnx(tmp_path_factory):
-    """A 2-layer torch transformer encoder (dynamic batch and seq, traced at seq 16) as an .onnx file."""
+    """A 2-layer torch transformer encoder (dynamic batch and seq, traced at seq 16, so seq is pinned
+    there at conversion) as an .onnx file."""
     pytest.importorskip("torch")
     return _save(zoo.transformer_encoder(layers=2, seq=16), tmp_path_factory.mktemp("encoder"), "encoder.onnx")
 
@@ -381,14 +387,19 @@ def test_engine_convert_draws_its_progress_bar_on_a_terminal_and_nowhere_else(en
         os.close(master)
     assert proc.wait(timeout=60) == 0
     assert b"wrote" in proc.stdout.read()
-    frames = [f for f in drawn.split("\r") if f]
+    note = "note: seq fixed to 16: "  # printed once the bar is erased (the encoder's sequence is pinned)
+    assert drawn.count(note) == 1 and drawn.endswith("the bundle takes seq = 16 only\r\n")  # the pty's newline
+    frames = [f for f in drawn[:drawn.index(note)].split("\r") if f]
     assert frames[0].startswith("compiling kernels [") and frames[0].endswith("\x1b[K")
     assert re.match(r"compiling kernels \[#{24}\] (\d+)/\1\b", frames[-2]), frames[-2]  # the last draw: all done
     assert frames[-1] == "\x1b[K"  # then erased: only the command's output stays on screen
     capsys.readouterr()
     assert main(["convert", str(encoder_onnx), "-o", str(tmp_path / "b.cgb")]) == 0
     captured = capsys.readouterr()
-    assert "wrote" in captured.out and captured.err == ""  # not a terminal: no bar, no control characters
+    assert "wrote" in captured.out  # not a terminal: no bar, no control characters; only the pin's note
+    assert captured.err.splitlines() == [
+        "note: seq fixed to 16: /layers.0/self_attn/Reshape_4 (Reshape) holds only at seq = 16 (reshape of "
+        "[seq, batch, 64] to [16, batch * 4, 16]); the bundle takes seq = 16 only"]
 
 
 @pytest.mark.slow
@@ -398,7 +409,7 @@ def test_engine_tune_and_bench_run_a_converted_bundle(encoder_onnx, tmp_path):
     from engine.cli.main import main
 
     bundle = str(tmp_path / "encoder.cgb")
-    grid = ["--symbol", "batch=1,8", "--symbol", "seq=16"]
+    grid = ["--symbol", "batch=1,8"]
     assert main(["convert", str(encoder_onnx), "-o", bundle]) == 0
     assert main(["tune", bundle, *grid, "--warmup", "1", "--repeat", "1", "--save"]) == 0
     # Another process, the dispatch cache off: only the bundle's own table can say "already tuned".
@@ -408,7 +419,7 @@ def test_engine_tune_and_bench_run_a_converted_bundle(encoder_onnx, tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     results = doc["results"]
-    assert [r["symbols"] for r in results] == [{"batch": 1, "seq": 16}, {"batch": 8, "seq": 16}]
+    assert [r["symbols"] for r in results] == [{"batch": 1}, {"batch": 8}]
     assert all(r["samples"] and r["median_ms"] > 0 for r in results)
     assert not any(r["tuned_here"] for r in results)  # the table `engine tune --save` wrote into the bundle
 

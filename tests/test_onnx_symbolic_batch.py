@@ -21,7 +21,7 @@ import engine  # noqa: E402
 import engine_onnx  # noqa: E402
 from engine_onnx import zoo  # noqa: E402
 from engine_onnx.errors import UnsupportedModelError  # noqa: E402
-from onnx_support import random_initializer, small_model, value_info  # noqa: E402
+from onnx_support import gpu_kinds, gpu_reason, random_initializer, small_model, value_info  # noqa: E402
 
 ort.set_default_logger_severity(3)
 RTOL = 1e-4
@@ -175,16 +175,58 @@ def test_shipped_light_model_at_batch_3_matches_onnxruntime_per_sample(light):
     _check_per_sample(model, graph, x)
 
 
-def test_reshape_valid_at_one_value_of_another_symbol_is_checked_at_run_time():
+@pytest.mark.parametrize("kind", ["cpu", "opencl"])
+def test_reshape_valid_at_one_value_of_another_symbol_pins_it(kind):
     # torch bakes the traced sequence length into an attention reshape: [N, S, 4] to [0, 8] holds
-    # at S = 2 only; the copy's kernel fails at any other S instead of reading the wrong elements.
+    # at S = 2 only. The conversion says so, naming the node, and the bundle takes S = 2 alone:
+    # any other S is refused by input validation before a kernel runs, on the CPU and on a GPU kind.
+    if kind != "cpu" and kind not in gpu_kinds():
+        pytest.skip(str(gpu_reason()))
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="fold")]
     model = small_model(nodes, [value_info("x", TensorProto.FLOAT, ["N", "S", 4])],
                         [value_info("y", TensorProto.FLOAT, ["N", 8])],
                         [helper.make_tensor("shape", TensorProto.INT64, [2], [0, 8])])
-    graph = engine_onnx.convert(model).build()
+    with pytest.warns(engine_onnx.SymbolPinnedWarning, match=r"S fixed to 2: fold \(Reshape\)") as caught:
+        builder = engine_onnx.convert(model, device=kind, io_device="cpu")
+    pins = [w.message.pin for w in caught if isinstance(w.message, engine_onnx.SymbolPinnedWarning)]
+    assert [(p.symbol, p.value, p.node) for p in pins] == [("S", 2, "fold")]
+    graph = builder.build()
+    assert graph.meta.symbols == ("N",)
+    assert [i.shape_str() for i in graph.meta.inputs] == ["[N, 2, 4]"]
     assert graph.meta.outputs[0].shape_str() == "[N, 8]"
     x = np.arange(3 * 2 * 4, dtype=np.float32).reshape(3, 2, 4)
     np.testing.assert_array_equal(graph.run_async([x])[0].numpy(), x.reshape(3, 8))
-    with pytest.raises(engine.EngineError):
-        graph.run_async([np.zeros((3, 3, 4), np.float32)])[0].numpy()
+    with pytest.raises(engine.InputError, match="dimension 1 must be 2, got 3"):
+        graph.run_async([np.zeros((3, 3, 4), np.float32)])
+
+
+def test_engine_convert_reports_a_pinned_symbol(tmp_path, capsys):
+    import json
+
+    from engine.cli.main import main
+
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="fold")]
+    model = small_model(nodes, [value_info("x", TensorProto.FLOAT, ["N", "S", 4])],
+                        [value_info("y", TensorProto.FLOAT, ["N", 8])],
+                        [helper.make_tensor("shape", TensorProto.INT64, [2], [0, 8])])
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "a.cgb")]) == 0
+    out = capsys.readouterr()
+    assert out.err == ("note: S fixed to 2: fold (Reshape) holds only at S = 2 (reshape of [N, S, 4] to [N, 8]); "
+                       "the bundle takes S = 2 only\n")
+    assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "b.cgb"), "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["pins"] == [{"symbol": "S", "value": 2, "node": "fold", "op_type": "Reshape",
+                                            "reason": "reshape of [N, S, 4] to [N, 8]"}]
+    assert out.err == ""
+
+
+def test_reshape_that_holds_at_one_batch_only_is_still_refused():
+    # The batch is never pinned: a symbolic batch the user asked for that a reshape holds at one
+    # value only is refused, naming the node.
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="fold")]
+    model = small_model(nodes, [value_info("x", TensorProto.FLOAT, [1, 3, 4])],
+                        [value_info("y", TensorProto.FLOAT, [3, 4])],
+                        [helper.make_tensor("shape", TensorProto.INT64, [2], [3, 4])])
+    with pytest.raises(UnsupportedModelError, match=r"fold \(Reshape\).*valid only at batch = 1"):
+        engine_onnx.convert(model, batch_symbol="batch")

@@ -55,7 +55,11 @@ try:  # POSIX: saves lock their temporaries so that the next save can tell aband
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None  # type: ignore[assignment]
 
+#: How a zip archive (a file bundle) starts: a local file header, or the end record of an empty one.
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+
 __all__ = [
+    "ZIP_MAGIC",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MAX_MEMBERS",
@@ -608,7 +612,7 @@ def _unreadable(read_at, total: int, where: str, reason: object) -> BundleError:
     """The error for a file that is not a readable zip: empty, cut short, or something else entirely."""
     if total == 0:
         return BundleError(f"not a bundle: {where} is empty")
-    if read_at(0, 4) in (b"PK\x03\x04", b"PK\x05\x06"):
+    if read_at(0, 4) in ZIP_MAGIC:
         return BundleError(f"truncated bundle: {where} is cut short or its zip directory is damaged ({reason})")
     return BundleError(f"not a bundle: {where} is not a zip archive ({reason})")
 

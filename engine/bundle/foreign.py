@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from engine.bundle.archive import ZIP_MAGIC
 from engine.errors import UnconvertedModelError
 
 __all__ = ["check_not_a_model", "CONVERTERS"]
-
-_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 
 #: File suffix -> (format, the command that turns such a file into a bundle, the package providing it).
 CONVERTERS = {".onnx": ("ONNX", "engine convert {src} -o {dst}", "engine-onnx")}
@@ -31,7 +30,7 @@ def check_not_a_model(source: object) -> None:
         return
     try:
         with open(path, "rb") as f:
-            if f.read(4) in _ZIP_MAGIC:
+            if f.read(4) in ZIP_MAGIC:
                 return
     except OSError:
         return  # unreadable: the bundle reader says so

@@ -7,23 +7,19 @@ only when ``convert`` runs). A command the engine knows of but whose package is 
 installs only engine and engine-cpu) is still listed, and running it says which package to install
 and how, instead of argparse's "invalid choice".
 
-``--json`` is on every command but ``demo`` (docs/cli.md). A contributed command should take
-``common["json"]`` and print its own document; one that does not gets a generic ``--json`` here
-(``with_generic_json``): its text output, captured, as ``{"command", "exit_code", "output"}``.
+``--json`` is on every command but ``demo`` (docs/cli.md): a contributed command takes
+``common["json"]`` and prints its own document (``engine.cli.render.emit_json``), as ``convert`` does.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import sys
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from engine.cli.args import UsageError
 
-__all__ = ["KnownCommand", "KNOWN_COMMANDS", "MissingCommand", "register_contributed", "missing_message",
-           "with_generic_json"]
+__all__ = ["KnownCommand", "KNOWN_COMMANDS", "MissingCommand", "register_contributed", "missing_message"]
 
 
 class KnownCommand(NamedTuple):
@@ -86,42 +82,9 @@ def register_contributed(sub: "argparse._SubParsersAction[Any]",
             print(f"engine: warning: command {ep.name!r} from {ep.value} is unavailable: {exc}", file=sys.stderr)
             continue
         registered.add(ep.name)
-        parser = sub.choices.get(ep.name)
-        if parser is not None:
-            with_generic_json(parser, ep.name)
     for name, known in KNOWN_COMMANDS.items():
         if name not in registered and name not in builtin:
             _add_stand_in(sub, known, failed.get(name))
-
-
-def with_generic_json(parser: argparse.ArgumentParser, name: str) -> None:
-    """Give a command that has no ``--json`` of its own a generic one (nothing changes otherwise).
-
-    With ``--json`` the command runs with its stdout captured, and stdout gets one JSON document,
-    ``{"command": NAME, "exit_code": CODE, "output": [its text lines]}``. Its stderr (progress,
-    errors: one line, as for every command) is left as it is.
-    """
-    if parser.get_default("json") is not None:  # common["json"] (or its own --json) sets a default
-        return
-    func: Callable[[argparse.Namespace], int] | None = parser.get_default("func")
-    if func is None:
-        return
-    parser.add_argument("--json", action="store_true",
-                        help="print the command's output as a JSON document {command, exit_code, output} on stdout")
-    command = func
-
-    def run(args: argparse.Namespace) -> int:
-        if not args.json:
-            return command(args)
-        from engine.cli.render import emit_json
-
-        captured = io.StringIO()
-        with contextlib.redirect_stdout(captured):
-            code = command(args)
-        emit_json({"command": name, "exit_code": code, "output": captured.getvalue().splitlines()})
-        return code
-
-    parser.set_defaults(func=run)
 
 
 def _add_stand_in(sub: "argparse._SubParsersAction[Any]", known: KnownCommand,

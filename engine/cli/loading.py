@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from engine.bundle.archive import ZIP_MAGIC
 from engine.cli.args import InputSpec, UsageError, parse_input, parse_symbols
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ __all__ = [
     "bundle_size",
 ]
 
-_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 _NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -80,7 +80,7 @@ def check_bundle_path(path: str) -> Path:
             head = f.read(4)
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if head not in _ZIP_MAGIC:
+    if head not in ZIP_MAGIC:
         raise UsageError(f"{path}: not a bundle (a .cgb bundle is a zip archive with a manifest.json)")
     try:
         with zipfile.ZipFile(p) as archive:
@@ -208,7 +208,7 @@ def _load_array(spec: InputSpec, name: str) -> np.ndarray:
             head = f.read(len(_NPY_MAGIC))
     except OSError as exc:
         raise UsageError(f"{where}: cannot read: {exc.strerror or exc}") from None
-    if not head.startswith((_NPY_MAGIC, *_ZIP_MAGIC)):
+    if not head.startswith((_NPY_MAGIC, *ZIP_MAGIC)):
         # numpy would call any other file "pickled data" and suggest allow_pickle: never for inputs.
         raise UsageError(f"{where}: not a .npy file (no numpy header); save each input with np.save(path, array)")
     try:

@@ -20,15 +20,15 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-from engine_onnx.errors import (ImportErrorBase, ModelLoadError, UnsupportedModelError, UnsupportedNode,
-                                UnsupportedOpsetError)
+from engine_onnx.errors import (ImportErrorBase, ModelLoadError, SymbolPin, SymbolPinnedWarning,
+                                UnsupportedModelError, UnsupportedNode, UnsupportedOpsetError)
 
 if TYPE_CHECKING:
     from engine_onnx.convert import convert, convert_file
     from engine_onnx.ops import supported_ops
 
 __all__ = ["convert", "convert_file", "supported_ops", "ImportErrorBase", "ModelLoadError",
-           "UnsupportedModelError", "UnsupportedNode", "UnsupportedOpsetError"]
+           "UnsupportedModelError", "UnsupportedNode", "UnsupportedOpsetError", "SymbolPin", "SymbolPinnedWarning"]
 
 #: The names that import onnx, and the module each comes from.
 _LAZY = {"convert": "engine_onnx.convert", "convert_file": "engine_onnx.convert", "supported_ops": "engine_onnx.ops"}

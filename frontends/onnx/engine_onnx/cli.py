@@ -7,7 +7,9 @@ this module imports nothing heavy until the command runs.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+import warnings
 from pathlib import Path
 
 EXAMPLES = """
@@ -26,13 +28,14 @@ def register(sub, common: dict[str, argparse.ArgumentParser]) -> None:
     from engine.cli.commands import add_command
 
     p = add_command(sub, "convert", help="convert an ONNX model into a bundle (engine-onnx)",
-                    description="Import an ONNX model (operators as defined from opset 9 on; older opsets node "
-                                "by node): fold constants, infer shapes, turn dynamic dimensions into symbols and "
+                    description="Import an ONNX model (operators as defined from opset 9 on; older opsets "
+                                "through ONNX's version converter): fold constants, infer shapes, turn dynamic "
+                                "dimensions into symbols (pinning one the model holds at a single value) and "
                                 "generate kernels for one device kind (C for the CPU plugin, with several "
                                 "candidates for MatMul, Gemm and Conv; or CUDA / OpenCL kernels), then save one "
                                 "bundle. Unsupported nodes are all listed in one error and no "
                                 "bundle is written.",
-                    examples=EXAMPLES, parents=[common["debug"]])
+                    examples=EXAMPLES, parents=[common["debug"], common["json"]])
     p.add_argument("model", metavar="MODEL", help="an .onnx file")
     p.add_argument("-o", "--output", required=True, metavar="BUNDLE",
                    help="the bundle to write (.cgb; a path ending in / writes the directory form)")
@@ -68,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.errors import SaveTargetError
 
     from engine_onnx.convert import MODEL_ITSELF, check_output, convert
+    from engine_onnx.errors import SymbolPinnedWarning
 
     try:
         check_output(args.model, args.output, overwrite=args.overwrite)
@@ -86,12 +90,29 @@ def run(args: argparse.Namespace) -> int:
         bar.advance(done - bar.done)
 
     try:
-        builder = convert(args.model, batch_symbol=args.symbol, registry=args.registry, progress=progress,
-                          device=args.device, io_device=args.io_device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SymbolPinnedWarning)
+            builder = convert(args.model, batch_symbol=args.symbol, registry=args.registry, progress=progress,
+                              device=args.device, io_device=args.io_device)
+        pins = [w.message.pin for w in caught if isinstance(w.message, SymbolPinnedWarning)]
+        for w in caught:
+            if not isinstance(w.message, SymbolPinnedWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         form = "dir" if args.output.endswith("/") else "zip"
         builder.save(Path(args.output), form=form, overwrite=args.overwrite)
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
-    print(f"wrote {args.output} in {time.perf_counter() - start:.1f} s")
+    seconds = time.perf_counter() - start
+    if args.json:
+        from engine.cli.render import emit_json
+
+        emit_json({"model": args.model, "output": args.output, "device": args.device, "io_device": args.io_device,
+                   "symbol": args.symbol, "form": form, "seconds": seconds,
+                   "pins": [{"symbol": p.symbol, "value": p.value, "node": p.node, "op_type": p.op_type,
+                             "reason": p.reason} for p in pins]})
+    else:
+        for pin in pins:
+            print(f"note: {pin.describe()}; the bundle takes {pin.symbol} = {pin.value} only", file=sys.stderr)
+        print(f"wrote {args.output} in {seconds:.1f} s")
     return 0

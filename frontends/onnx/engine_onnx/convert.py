@@ -19,7 +19,7 @@ from engine.bundle.archive import check_save_target
 from engine.bundle.target import same_file
 from engine.errors import SaveTargetError
 from engine_onnx.gpu import GPU_KINDS, GpuKernelSpec, render
-from engine_onnx.lowering import Lowering
+from engine_onnx.lowering import Lowering, lower
 from engine_onnx.model import load_model, model_name
 
 __all__ = ["convert", "convert_file", "check_output", "Progress"]
@@ -38,12 +38,12 @@ def convert(model: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, batch_
     kernels there, docs/onnx.md). ``io_device`` puts the graph's inputs and outputs on another kind
     (``"cpu"``: host arrays in and out of a GPU model, copied by the engine). Raises
     ``UnsupportedModelError`` listing every node that cannot be imported, ``ModelLoadError`` for a
-    model that cannot be read.
+    model that cannot be read. A declared dimension the model holds at one value only (a sequence
+    length torch baked into a reshape) becomes that constant, with a ``SymbolPinnedWarning``.
     """
     proto = load_model(model)
-    lowering = Lowering(proto, batch_symbol=batch_symbol, name=model_name(model, proto), device=device,
-                        io_device=io_device)
-    lowering.run()
+    lowering = lower(proto, batch_symbol=batch_symbol, name=model_name(model, proto), device=device,
+                     io_device=io_device)
     builder = lowering.builder(registry)
     precompile(builder, lowering, progress=progress, jobs=jobs)
     return builder

@@ -9,7 +9,7 @@ import attrs
 from engine.errors import EngineError
 
 __all__ = ["ImportErrorBase", "UnsupportedModelError", "UnsupportedNode", "ModelLoadError", "NodeUnsupported",
-           "UnsupportedOpsetError"]
+           "PinSymbol", "UnsupportedOpsetError", "SymbolPin", "SymbolPinnedWarning"]
 
 
 class ImportErrorBase(EngineError):
@@ -49,3 +49,41 @@ class UnsupportedModelError(ImportErrorBase):
 
 class NodeUnsupported(Exception):
     """Raised by an op handler: this node (op, attribute, dtype or shape) cannot be lowered."""
+
+
+class PinSymbol(Exception):
+    """Raised by an op handler: this node holds only at ``symbol = value``; the lowering starts again
+    with that dimension a constant (``engine_onnx.lowering.lower``)."""
+
+    def __init__(self, symbol: str, value: int, reason: str):
+        self.symbol = symbol
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{symbol} = {value}: {reason}")
+
+
+@attrs.frozen
+class SymbolPin:
+    """A symbol the model holds at one value only, and the node that proves it: torch bakes the
+    sequence length it traced at into an attention ``Reshape``, so a model exported with a
+    dynamic ``seq`` runs at that one length (ONNX Runtime refuses any other at that node too)."""
+
+    symbol: str
+    value: int
+    node: str
+    op_type: str
+    reason: str
+
+    def describe(self) -> str:
+        return (f"{self.symbol} fixed to {self.value}: {self.node or '<unnamed>'} ({self.op_type}) holds only at "
+                f"{self.symbol} = {self.value} ({self.reason})")
+
+
+class SymbolPinnedWarning(UserWarning):
+    """``convert`` made a declared dimension a constant (``pin``): the bundle's inputs take that
+    size there, and a run at any other size is refused by input validation, naming the input."""
+
+    def __init__(self, pin: SymbolPin, model: str = "model"):
+        self.pin = pin
+        self.model = model
+        super().__init__(f"{model}: {pin.describe()}; the bundle takes {pin.symbol} = {pin.value} only")

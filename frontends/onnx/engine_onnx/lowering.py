@@ -25,6 +25,7 @@ unsupported node in one ``UnsupportedModelError``; no bundle is built from a poi
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
@@ -37,11 +38,12 @@ from engine_onnx.batch_flow import BatchFlow, refused_outputs, shape_text
 from engine_onnx.codegen import KernelSpec, cpu_options
 from engine_onnx.concat_slices import ConcatFill, ConcatSlice, ConcatSlices
 from engine_onnx.dims import Dim, DimError, Mono, dim_expr, dims_product
-from engine_onnx.errors import ModelLoadError, NodeUnsupported, UnsupportedModelError, UnsupportedNode
+from engine_onnx.errors import (ModelLoadError, NodeUnsupported, PinSymbol, SymbolPin, SymbolPinnedWarning,
+                                UnsupportedModelError, UnsupportedNode)
 from engine_onnx.gpu import GPU_KINDS, GpuKernelSpec, render
 from engine_onnx.model import older_definition
 
-__all__ = ["Lowering", "Operand", "Ref", "Deferred", "sanitize_symbol"]
+__all__ = ["Lowering", "Operand", "Ref", "Deferred", "sanitize_symbol", "lower"]
 
 
 @attrs.frozen
@@ -104,7 +106,7 @@ class Lowering:
     """Walks one model's graph; ``run()`` then ``builder()`` gives the bundle's ``GraphBuilder``."""
 
     def __init__(self, model: onnx.ModelProto, *, batch_symbol: str | None = None, name: str = "model",
-                 device: str = "cpu", io_device: str | None = None):
+                 device: str = "cpu", io_device: str | None = None, pins: Sequence[SymbolPin] = ()):
         if device != "cpu" and device not in GPU_KINDS:
             raise ValueError(f"engine-onnx generates kernels for device kinds cpu, {', '.join(GPU_KINDS)}; "
                              f"not {device!r}")
@@ -123,6 +125,9 @@ class Lowering:
         self.consts: dict[str, np.ndarray] = {}
         self.tensors: dict[str, Operand] = {}
         self.unsupported: list[UnsupportedNode] = []
+        #: Declared dimensions taken as constants (``lower``), and those this walk found (``PinSymbol``).
+        self.pins = tuple(pins)
+        self.new_pins: list[SymbolPin] = []
         self.poisoned: set[str] = set()
         self._weight_refs: dict[str, Ref] = {}
         self._fused: set[int] = set()
@@ -143,6 +148,7 @@ class Lowering:
 
     # -- declarations ----------------------------------------------------------------------------
     def _declare_inputs(self, batch_symbol: str | None) -> None:
+        pinned: dict[str, Dim] = {p.symbol: p.value for p in self.pins}
         for vi in self.graph.input:
             if vi.name in self.consts:
                 continue  # opsets before 9 list initializers among the inputs
@@ -165,7 +171,8 @@ class Lowering:
                 elif d.HasField("dim_value"):
                     shape.append(int(d.dim_value))
                 elif d.HasField("dim_param"):
-                    shape.append(Mono(1, (sanitize_symbol(d.dim_param),)))
+                    sym = sanitize_symbol(d.dim_param)
+                    shape.append(pinned.get(sym, Mono(1, (sym,))))
                 else:
                     raise ModelLoadError(f"{self.name}: input {vi.name!r} dimension {axis} has neither a size nor a "
                                          f"name; expected a dim_value or dim_param (or pass batch_symbol)")
@@ -441,6 +448,8 @@ class Lowering:
         for node in self.graph.node:
             if id(node) not in done:
                 self._lower(node)
+        if self.new_pins:
+            return  # ``lower`` walks again with these dimensions constant: what else failed may not
         self.unsupported.extend(refused_outputs(self, self.batch_flow))
         if self.unsupported:
             raise UnsupportedModelError(self.unsupported, self.name)
@@ -466,6 +475,10 @@ class Lowering:
                 handler_for(node)(self, node)
         except (NodeUnsupported, DimError) as exc:
             self.unsupported.append(UnsupportedNode(node.name, node.op_type, str(exc)))
+            self.poisoned.update(o for o in node.output if o)
+        except PinSymbol as pin:
+            if all(p.symbol != pin.symbol for p in self.new_pins):
+                self.new_pins.append(SymbolPin(pin.symbol, pin.value, node.name, node.op_type, pin.reason))
             self.poisoned.update(o for o in node.output if o)
 
     def _finish_outputs(self) -> None:
@@ -529,6 +542,26 @@ class Lowering:
             value = values[op.ref]
             b.output(value if self.io_device == self.device else b.copy(value, self.io_device), name)
         return b
+
+
+def lower(model: onnx.ModelProto, *, batch_symbol: str | None = None, name: str = "model", device: str = "cpu",
+          io_device: str | None = None) -> Lowering:
+    """``Lowering(model).run()``, walked again with a declared dimension made constant each time a
+    node proves the model holds at one value of it only (``PinSymbol``: torch's attention reshapes
+    bake in the traced sequence length). Each pin is announced with a ``SymbolPinnedWarning``; the
+    inputs then declare that size, so any other is refused before a kernel runs. A symbol becomes
+    an integer once pinned, so the walks end after at most one more than the model has symbols."""
+    pins: list[SymbolPin] = []
+    while True:
+        lowering = Lowering(model, batch_symbol=batch_symbol, name=name, device=device, io_device=io_device,
+                            pins=pins)
+        lowering.run()
+        if not lowering.new_pins:
+            break
+        pins.extend(lowering.new_pins)
+    for pin in pins:
+        warnings.warn(SymbolPinnedWarning(pin, name), stacklevel=3)
+    return lowering
 
 
 def _initializer_array(init: onnx.TensorProto) -> np.ndarray:

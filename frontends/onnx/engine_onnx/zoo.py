@@ -97,7 +97,8 @@ def transformer_encoder(layers: int = 4, d_model: int = 64, heads: int = 4, ff: 
                         seed: int = 0) -> onnx.ModelProto:
     """A torch ``TransformerEncoder`` (random weights) exported with dynamic ``batch`` and ``seq``.
 
-    torch's exporter bakes the traced sequence length into one reshape, so run it at ``seq``.
+    torch's exporter bakes the traced sequence length into one reshape, so the model holds at
+    ``seq`` only: ``convert`` pins that dimension (``SymbolPinnedWarning``).
     """
     import warnings
 

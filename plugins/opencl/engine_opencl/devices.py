@@ -1,8 +1,9 @@
 """Finding OpenCL devices: every platform's devices in a stable order, one context each.
 
 Every way an OpenCL install can be broken (no pyopencl, no ICD, no device, a context the driver
-refuses) ends in an ``Availability`` whose reason says what to install or set, never in an
-exception: ``engine devices`` must list the kind on any machine.
+refuses, a PoCL whose compiler cannot target this CPU) ends in an ``Availability`` whose reason
+says what to install or set, never in an exception: ``engine devices`` must list the kind on any
+machine.
 """
 
 from __future__ import annotations
@@ -87,6 +88,29 @@ def ensure_writable_caches(cache_dir: Path) -> None:
                     base / "pytools")
 
 
+#: PoCL's platform name. Its CPU device compiles through the LLVM it was built with, which names
+#: the host CPU for code generation; an LLVM older than the CPU says "generic", which it then
+#: refuses, so every build fails on such a machine although the device lists fine.
+POCL_PLATFORM = "Portable Computing Language"
+
+_PROBE = "__kernel void engine_probe(__global int *x) { x[0] = 1; }"
+
+
+def _pocl_cannot_compile(cl: Any, context: Any) -> str | None:
+    """Why PoCL cannot build a one-line kernel here (None when it can). PoCL caches the build, so
+    this costs a compiler run once per machine and a cache read after."""
+    try:
+        cl.Program(context, _PROBE).build()
+    except cl.Error as exc:
+        text = str(exc)
+        if "unknown target CPU" in text:
+            return ("its compiler cannot target this CPU (its LLVM does not know it and answers 'unknown target "
+                    "CPU'): a PoCL built with a newer LLVM is needed here")
+        first = next((line.strip() for line in text.splitlines() if "error" in line.lower()), text.strip())
+        return f"cannot compile a one-line kernel: {first}"
+    return None
+
+
 def discover(selection: str | None, alignment: int,
              cache_dir: Path | None = None) -> tuple[list[OpenCLDevice], Availability]:
     """The usable devices and the kind's availability.
@@ -142,6 +166,9 @@ def discover(selection: str | None, alignment: int,
             context = cl.Context([device])
         except cl.Error as exc:
             problems.append(f"{platform.name} / {device.name}: cannot create a context: {exc}")
+            continue
+        if platform.name == POCL_PLATFORM and (why := _pocl_cannot_compile(cl, context)):
+            problems.append(f"{platform.name} / {device.name}: {why}")
             continue
         usable.append(OpenCLDevice(len(usable), platform, device, context))
     reason = "; ".join(problems) or None

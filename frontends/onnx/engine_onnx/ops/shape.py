@@ -16,7 +16,7 @@ import numpy as np
 from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
 from engine_onnx.batch_flow import shape_text
 from engine_onnx.dims import Dim, DimError, Mono, dim_c, dim_div, dim_expr, dims_product, merge_axes, symbols_of
-from engine_onnx.errors import NodeUnsupported, UnsupportedModelError, UnsupportedNode
+from engine_onnx.errors import NodeUnsupported, PinSymbol, UnsupportedModelError, UnsupportedNode
 from engine_onnx.gpu import gpu_ctype
 from engine_onnx.ops import gpu_kernels, register
 
@@ -161,9 +161,6 @@ def _reshape(ctx, node) -> None:
         out[unknown] = dim_div(dims_product(src), dims_product(out))
     elif dims_product(out) != dims_product(src):
         out = _batch_through(ctx, node, src, out)
-        if dims_product(out) != dims_product(src):
-            _guarded_copy(ctx, node, src, out)
-            return
     ctx.alias(node.output[0], node.input[0], out)
 
 
@@ -172,7 +169,8 @@ def _batch_through(ctx, node, src: Sequence[Dim], target: list[Dim]) -> list[Dim
     of ``[batch, 2048, 1, 1]``), which ONNX defines at that batch only: its leading axis becomes the
     batch when the input is proved sample-major (``batch_flow``) and the other axes keep the
     per-sample element count, so row ``i`` of the output is sample ``i``'s row reshaped, which is
-    what running each sample alone gives. Anything else is refused: it would drop or invent rows."""
+    what running each sample alone gives. A count that agrees at one value of another symbol only
+    pins that symbol (``PinSymbol``). Anything else is refused: it would drop or invent rows."""
     flow = ctx.batch_flow
     lead = src[0] if src else None
     if (target and isinstance(lead, Mono) and flow.leads(src) and target[0] == 1
@@ -180,8 +178,8 @@ def _batch_through(ctx, node, src: Sequence[Dim], target: list[Dim]) -> list[Dim
         return [lead, *target[1:]]
     old, new = dims_product(src), dims_product(target)
     fixed = _fixed_symbol(old, new)
-    if fixed is not None and fixed[0] != flow.symbol and not ctx.gpu:
-        return target  # valid at one value of a symbol other than the batch: checked at run time
+    if fixed is not None and fixed[0] != flow.symbol:  # the model holds at that one value only
+        raise PinSymbol(*fixed, f"reshape of {shape_text(src)} to {shape_text(target)}")
     kind = "the constant shape" if not symbols_of(target) else "the shape"
     hint = "" if not flow.leads(src) else "; the batch is not proved to flow through axis 0 row for row (docs/onnx.md)"
     raise NodeUnsupported(f"reshape of {shape_text(src)} ({dim_expr(old)} elements) to {kind} {shape_text(target)} "
@@ -198,20 +196,6 @@ def _fixed_symbol(old: Dim, new: Dim) -> tuple[str, int] | None:
         if isinstance(k, int) and k > 0:
             return sym, k
     return None
-
-
-def _guarded_copy(ctx, node, src: Sequence[Dim], target: list[Dim]) -> None:
-    """A Reshape that holds at one value of a symbol only (torch bakes the traced sequence length
-    into an attention reshape): a copy whose kernel fails, writing nothing, at any other value,
-    instead of a view that would read the wrong number of elements."""
-    sym, k = _fixed_symbol(dims_product(src), dims_product(target))
-    dtype = ctx.dtype(node.input[0])
-    t = ctype(dtype)
-    syms = tuple(symbols_of([*src, *target]))
-    body = (f"    if (s_{sym} != {k}LL) return 1;\n"
-            f"    memcpy(t[1], t[0], (size_t){dim_c(dims_product(target))} * sizeof({t}));\n")
-    spec = KernelSpec("reshape_at", source_with_entries("", [("copy", body)], syms), ("copy",), syms)
-    ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, target)])
 
 
 def _valid_only(old: Dim, new: Dim) -> str:
