@@ -43,17 +43,12 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import attrs
 
 from engine.log import get_logger
+from engine.safefiles import file_lock
 from engine.settings import cache_max_bytes_from_env
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - non-POSIX: pruning is not serialized between processes
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["KindInfo", "CacheInfo", "PruneResult", "CachePolicy", "cache_info", "clear_cache", "prune_cache",
            "configure", "policy_for", "note_write", "touch", "is_read_only_error", "cache_writable",
@@ -211,22 +206,9 @@ def _remove(entry: _Entry) -> int:
     return freed
 
 
-@contextlib.contextmanager
-def _prune_lock(root: Path, *, wait: bool) -> Iterator[bool]:
+def _prune_lock(root: Path, *, wait: bool) -> contextlib.AbstractContextManager[bool]:
     """Hold ``root/.prune.lock``; yields False (holding nothing) when ``wait`` is False and it is busy."""
-    if fcntl is None:  # pragma: no cover - non-POSIX
-        yield True
-        return
-    fd = os.open(root / _PRUNE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
+    return file_lock(root / _PRUNE_LOCK, wait=wait)
 
 
 def prune_cache(root: Path, *, older_than_s: float | None = None, max_bytes: int | None = None,

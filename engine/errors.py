@@ -1,19 +1,44 @@
 """The engine's exception hierarchy.
 
-::
+Every class an engine distribution raises on purpose, in the style of httpx's error tree; the
+module that defines it is named where it is not this one::
 
     EngineError
-     ├── BundleError            (also ValueError)  a bundle is malformed, inconsistent or unsafe
-     │    └── UnconvertedModelError                  a model file (ONNX) given where a bundle belongs
-     ├── InputError             (also ValueError)  run_async/set_weights got something it cannot use
-     ├── GraphClosedError       (also ValueError)  a graph was used after close()
-     ├── KernelError            (also RuntimeError) a kernel failed to load, compile or run
-     ├── PluginError            (also RuntimeError) a device plugin is broken or incompatible
-     ├── DeviceUnavailableError (also RuntimeError) no usable plugin or device for a kind
-     ├── OutOfMemoryError       (also MemoryError) a device cannot provide memory, or a plan needs too much
-     ├── SaveError              (also OSError)     a bundle could not be written; the old one is unchanged
-     │    └── SaveTargetError                        the save target exists and is not a bundle: refused
-     └── Unsupported            (also NotImplementedError) a backend lacks an optional capability
+     ├── BundleError               (also ValueError)    a bundle is malformed, inconsistent, unsafe, too big
+     │    ├── BundleFileError      (also OSError)       the bundle's file or directory cannot be read
+     │    │    └── BundleNotFoundError (also FileNotFoundError) nothing at the path
+     │    ├── UnconvertedModelError                     a model file (ONNX) given where a bundle belongs
+     │    └── ExprError            engine.expr          a size expression cannot be evaluated
+     ├── InputError                (also ValueError)    run_async/set_weights got something it cannot use
+     │    └── ColumnError          engine.ray.batches   a batch column is missing or cannot feed its input
+     ├── GraphClosedError          (also ValueError)    a graph was used after close()
+     ├── KernelError               (also RuntimeError)  a kernel failed to load, compile or run
+     │    ├── BinaryRefused        engine.backend.base  a binary that looked loadable is not: next
+     │    ├── CandidateUnavailable engine.backend.base  a candidate cannot run here: the others still do
+     │    │    └── LibraryUnavailableError engine_cpu.libraries  a library a kernel links cannot be located
+     │    ├── CompilerError        engine_cpu.compiler  the C compiler rejected a source (log, command)
+     │    ├── LinkDirectiveError   engine_cpu.compiler  (also ValueError) a link directive is malformed
+     │    ├── UnknownLibraryError  engine_cpu.libraries (also ValueError) a link option names no provider
+     │    ├── CudaCompileError     engine_cuda.compiler NVRTC rejected a source (log, options, target)
+     │    ├── HipCompileError      engine_hip.compiler  hiprtc rejected a source (log, options, target)
+     │    └── DeviceFault          engine.backend.gpu.driver  a kernel faulted on the device (a DriverError too)
+     ├── DriverError               engine.backend.gpu.driver  (also RuntimeError) a driver call failed
+     │    └── DeviceFault          (above)
+     ├── DriverMissing             engine.backend.gpu.driver  (also RuntimeError) no driver library or bindings
+     ├── OpenCLError               engine_opencl.memory (also RuntimeError) an OpenCL copy or fill failed
+     ├── PluginError               (also RuntimeError)  a device plugin is broken or incompatible
+     ├── DeviceUnavailableError    (also RuntimeError)  no usable plugin or device for a kind
+     ├── OutOfMemoryError          (also MemoryError)   a device cannot provide memory, or a plan needs too much
+     ├── SaveError                 (also OSError)       a bundle could not be written; the old one is unchanged
+     │    └── SaveTargetError                           the save target exists and is not a bundle: refused
+     ├── Unsupported               (also NotImplementedError) a backend lacks an optional capability
+     └── ImportErrorBase           engine_onnx.errors   the ONNX importer refused a model
+          ├── ModelLoadError       engine_onnx.errors   not a loadable ONNX model
+          │    └── UnsupportedOpsetError engine_onnx.errors  an opset outside the range the importer reads
+          └── UnsupportedModelError engine_onnx.errors  every node that cannot be imported (``nodes``)
+
+tests/test_error_tree.py keeps this tree whole: every ``EngineError`` subclass the distributions
+define is listed, under each of its engine parents.
 
 Every error carries its context in the message (which member, which input, which kernel, what was
 expected) so that a log line alone is enough to act on. Subclasses also inherit the matching built-in

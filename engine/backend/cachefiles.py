@@ -34,15 +34,11 @@ import stat
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
+from engine import safefiles
 from engine.cache import note_write, read_only_cache, report_read_only, touch
 from engine.log import get_logger
-
-try:  # POSIX only; without it concurrent builders just duplicate work.
-    import fcntl
-except ImportError:  # pragma: no cover - non-POSIX
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["sha256_hex", "atomic_write", "read_verified", "key_lock", "ContentStore", "BuildCache"]
 
@@ -54,30 +50,8 @@ def sha256_hex(data: bytes | memoryview) -> str:
 
 
 def atomic_write(path: Path, data: bytes | memoryview) -> None:
-    """Publish ``data`` at ``path`` all at once: temp file in the same dir, fsync, ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; best effort (not every filesystem allows it).
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    """Publish ``data`` at ``path`` all at once, readable by this user only (``engine.safefiles``)."""
+    safefiles.atomic_write(path, data, private=True)
 
 
 def read_verified(path: Path, sha256: str) -> bytes | None:
@@ -89,23 +63,10 @@ def read_verified(path: Path, sha256: str) -> bytes | None:
     return data if sha256_hex(data) == sha256 else None
 
 
-@contextlib.contextmanager
-def key_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (created if needed) for the block.
-
-    ``flock`` locks belong to an open file description, so separate threads of one process
-    exclude each other as well as separate processes do.
-    """
-    if fcntl is None:  # pragma: no cover - non-POSIX
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
+def key_lock(path: Path) -> contextlib.AbstractContextManager[bool]:
+    """Hold an exclusive advisory lock on ``path`` (created if needed) for the block
+    (``engine.safefiles.file_lock``: threads of one process exclude each other too)."""
+    return safefiles.file_lock(path)
 
 
 class ContentStore:

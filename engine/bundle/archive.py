@@ -49,11 +49,7 @@ from engine.bundle.jsonread import INT64_MAX, INT64_MIN, clip
 from engine.bundle.text import utf8_problem
 from engine.bundle.target import check_replaceable
 from engine.errors import BundleError, BundleFileError, BundleNotFoundError, SaveError, SaveTargetError
-
-try:  # POSIX: saves lock their temporaries so that the next save can tell abandoned ones
-    import fcntl
-except ImportError:  # pragma: no cover - non-POSIX
-    fcntl = None  # type: ignore[assignment]
+from engine.safefiles import FLOCK, fsync_dir, lock_fd
 
 #: How a zip archive (a file bundle) starts: a local file header, or the end record of an empty one.
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
@@ -1068,22 +1064,8 @@ def _write_tree(root: Path, members: Mapping[str, MemberData], order: list[str],
     _write_file(root / MANIFEST_MEMBER, [memoryview(_manifest_blob(manifest))])
     for d in dirs:
         if d == root or root in d.parents:
-            _fsync_dir(d)
+            fsync_dir(d)
     return manifest
-
-
-def _fsync_dir(path: Path) -> None:
-    """Persist a directory entry (rename/create). Best effort: not possible on every platform."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _remove(path: Path) -> None:
@@ -1104,17 +1086,6 @@ def _remove(path: Path) -> None:
 # and the next save to the same target removes the temporaries whose lock it can take.
 def _temp_path(target: Path, kind: str, tag: str) -> Path:
     return target.with_name(f".{target.name}.{kind}-{tag}")
-
-
-def _try_lock(fd: int, *, wait: bool) -> bool:
-    """Take an exclusive flock on ``fd``; False if another process holds it (and not ``wait``)."""
-    if fcntl is None:  # pragma: no cover - non-POSIX: no liveness test, so nothing is ever cleaned
-        return wait
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        return False
-    return True
 
 
 def _open_no_follow(path: Path) -> int:
@@ -1150,13 +1121,14 @@ def _create_temp(target: Path, form: str) -> tuple[Path, str, int | None]:
         except FileExistsError:
             continue
         if form == "dir":
-            if fcntl is None:  # pragma: no cover - non-POSIX: nothing to lock it with
+            if not FLOCK:  # pragma: no cover - non-POSIX: a directory cannot be locked
                 return tmp, tag, None
             try:
                 fd = _open_no_follow(tmp)
             except FileNotFoundError:
                 continue  # a cleaner removed it before it was locked
-        _try_lock(fd, wait=True)
+        if FLOCK:  # elsewhere a lock would not survive the rename nor tell a live save from a dead one
+            lock_fd(fd, wait=True)
         if _still_names(fd, tmp):
             return tmp, tag, fd
         os.close(fd)
@@ -1164,13 +1136,13 @@ def _create_temp(target: Path, form: str) -> tuple[Path, str, int | None]:
 
 def _claim_abandoned(path: Path) -> int | None:
     """An fd holding the lock of temporary ``path`` if no live save owns it, else None."""
-    if fcntl is None:  # pragma: no cover - non-POSIX
+    if not FLOCK:  # pragma: no cover - non-POSIX: no liveness test, so nothing is ever cleaned
         return None
     try:
         fd = _open_no_follow(path)
     except OSError:
         return None
-    if _try_lock(fd, wait=False) and _still_names(fd, path):
+    if lock_fd(fd, wait=False) and _still_names(fd, path):
         return fd
     os.close(fd)
     return None
@@ -1282,7 +1254,7 @@ def _swap_in(tmp: Path, target: Path, tag: str) -> None:
             _swap_by_renames(tmp, target, tag)
     else:
         os.replace(tmp, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
 
 
 # ---- saving -----------------------------------------------------------------------------------

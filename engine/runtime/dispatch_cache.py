@@ -6,11 +6,11 @@ using the same cache file.
 
 Several processes may tune the same bundle at once. Each write therefore
 
-1. takes an exclusive lock on ``<identity>.txt.lock`` (``flock``; ``msvcrt.locking`` on Windows),
+1. takes an exclusive lock on ``<identity>.txt.lock`` (``engine.safefiles.file_lock``),
    which serializes writers without blocking readers;
 2. re-reads the current file under the lock and merges its rows with the new ones (the new rows
    win for a key both have), so no writer loses another's rows;
-3. writes the merged table to a temporary file beside it, fsyncs it and ``os.replace``s it over the
+3. writes the merged table to a temporary file beside it and ``os.replace``s it over the
    old one, so readers (which never lock) see the old table or the new one, never a mix. A writer
    killed before the rename leaves its ``.<file>.tmp-<12 hex>``; only lock holders write those, so
    the next writer, holding the lock, removes them.
@@ -28,9 +28,6 @@ cache's size cap evicts by) and storing reports its size to ``engine.cache``.
 from __future__ import annotations
 
 import os
-import re
-import secrets
-import sys
 import threading
 import warnings
 from pathlib import Path
@@ -40,8 +37,9 @@ from engine.bundle.dispatch_text import format_dispatch_table, parse_dispatch_ta
 from engine.cache import note_write, read_only_cache, report_read_only, touch
 from engine.errors import BundleError
 from engine.log import get_logger
+from engine.safefiles import atomic_write, file_lock, remove_abandoned
 
-__all__ = ["DispatchCache", "DispatchCacheWarning", "file_lock", "atomic_write_text"]
+__all__ = ["DispatchCache", "DispatchCacheWarning"]
 
 Key = tuple[int, ...]
 Choice = tuple[int, ...]
@@ -51,84 +49,6 @@ log = get_logger("engine.runtime.dispatch_cache")
 
 class DispatchCacheWarning(RuntimeWarning):
     """A dispatch cache file was unreadable (ignored) or could not be written (tuning not kept)."""
-
-
-class _Lock:
-    """An exclusive advisory lock on a file, held for a ``with`` block."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._fd: int | None = None
-
-    def __enter__(self) -> "_Lock":
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            _lock_fd(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            try:
-                _unlock_fd(fd)
-            finally:
-                os.close(fd)
-
-
-if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
-    import msvcrt
-    import time
-
-    def _lock_fd(fd: int) -> None:
-        while True:
-            try:
-                msvcrt.locking(fd, msvcrt.LK_LOCK, 1)  # retries for ~10 s, then raises
-                return
-            except OSError:
-                time.sleep(0.05)
-
-    def _unlock_fd(fd: int) -> None:
-        os.lseek(fd, 0, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-else:
-    import fcntl
-
-    def _lock_fd(fd: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-
-    def _unlock_fd(fd: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def file_lock(path: str | os.PathLike) -> _Lock:
-    """``with file_lock(p):`` holds an exclusive lock on ``p`` (created if missing, never deleted).
-
-    The lock file is never removed: unlinking it while another process waits on it would let two
-    processes hold "the" lock on two different files.
-    """
-    return _Lock(Path(path))
-
-
-def atomic_write_text(path: Path, text: str, *, fsync: bool = True) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 class DispatchCache:
@@ -213,7 +133,7 @@ class DispatchCache:
                 # worst case is a lost or unreadable cache, which is reported and retuned. An
                 # fsync per tuned key would cost more than tuning a small kernel (issue 4).
                 text = format_dispatch_table(self.symbols, current)
-                atomic_write_text(self.path, text, fsync=False)
+                atomic_write(self.path, text, fsync=False)
         except OSError as exc:
             if read_only_cache(exc, self.cache_dir):
                 report_read_only(self.cache_dir, exc)
@@ -229,17 +149,7 @@ class DispatchCache:
         Every writer of this file holds the lock while its temporary exists, so with the lock held
         any temporary of this file belongs to a writer that was killed. Best effort.
         """
-        pattern = re.compile(re.escape(f".{self.path.name}.tmp-") + "[0-9a-f]{12}")
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return
-        for name in names:
-            if pattern.fullmatch(name):
-                try:
-                    os.unlink(self.directory / name)
-                except OSError:
-                    pass
+        remove_abandoned(self.path)
 
     def _report_unlocked(self, problem: str) -> None:
         # Called with self._lock held: record and warn without re-taking it.

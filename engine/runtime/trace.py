@@ -22,11 +22,11 @@ from typing import Any, Callable, Mapping, Sequence
 from engine.bundle.contents import BundleContents
 from engine.cache import note_write
 from engine.device import Device
-from engine.runtime.dispatch_cache import atomic_write_text
 from engine.runtime.interpreter import TimingRunnerFactory
 from engine.runtime.plan import KeyPlan
 from engine.runtime.tasks import CompiledTask
 from engine.runtime.tuning import CandidateTiming
+from engine.safefiles import atomic_write
 
 __all__ = ["TraceRecorder", "write_trace", "trace_file_name"]
 
@@ -175,8 +175,7 @@ def write_trace(path: str | Path, trace: dict[str, Any], *, atomic: bool = True)
     target = Path(path)
     text = json.dumps(trace, separators=(",", ":"))
     if atomic:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(target, text, fsync=False)
+        atomic_write(target, text, fsync=False)
     else:
         try:
             f = open(target, "w", encoding="utf-8")
