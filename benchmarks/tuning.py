@@ -40,21 +40,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+from engine.testing.two_candidates import work_bundle  # noqa: E402
 
 NAME = "tuning"
 OVERHEAD_TARGET = 0.10
-
-WORK_C = r"""
-#include <stdint.h>
-/* y = x, computed by `passes` rounds of y = y/2 + x/2 (exact in float, not foldable). */
-static void work(const float *x, float *y, int64_t n, int passes) {
-    for (int64_t i = 0; i < n; i++) y[i] = x[i];
-    for (int p = 0; p < passes; p++)
-        for (int64_t i = 0; i < n; i++) y[i] = 0.5f * y[i] + 0.5f * x[i];
-}
-int32_t heavy(void *const *t, const int64_t *sym, void *ws) { work(t[0], t[1], sym[0], 64); return 0; }
-int32_t light(void *const *t, const int64_t *sym, void *ws) { work(t[0], t[1], sym[0], 8); return 0; }
-"""
 
 
 def _rounded(x: float, digits: int = 3) -> float:
@@ -68,18 +57,6 @@ def registry_at(cache: Path, **settings):
     registry = Registry(Settings(cache_dir=cache, **settings))
     registry.load_entry_points()
     return registry
-
-
-def work_bundle(registry, path: Path) -> Path:
-    from engine.build import GraphBuilder
-
-    b = GraphBuilder("work", registry=registry)
-    x = b.input("x", "float32", ["n"])
-    k = b.kernel("work", entries=["heavy", "light"], source=WORK_C)
-    (y,) = b.call(k, [x], [("float32", ["n"])], symbols=["n"])
-    b.output(y, "y")
-    b.save(path)
-    return path
 
 
 def mlp_bundle(registry, path: Path) -> Path:

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 import weakref
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import engine
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import planner as bench  # noqa: E402
+from engine.testing import random_dags  # noqa: E402
 from support import run_in_threads  # noqa: E402
 
 THREADS = 8
@@ -27,9 +24,9 @@ RUNS = 200
 
 
 def _graph(registry, seed: int, n_ops: int = 24):
-    spec = bench.random_dag(seed, n_ops=n_ops)
+    spec = random_dags.random_dag(seed, n_ops=n_ops)
     assert any(op.scratch != "0" for op in spec.ops) and any(op.in_place for op in spec.ops)
-    return spec, bench.build_dag(spec, registry).build()
+    return spec, random_dags.build_dag(spec, registry).build()
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +34,13 @@ def graphs(registry):
     return [_graph(registry, 5), _graph(registry, 12)]
 
 
-def _job(spec: bench.DagSpec, rng: np.random.Generator) -> tuple[dict[str, int], list[np.ndarray]]:
+def _job(spec: random_dags.DagSpec, rng: np.random.Generator) -> tuple[dict[str, int], list[np.ndarray]]:
     """Symbol values (1..16: several keys per graph) and random inputs for one run."""
     env = {s: int(rng.integers(1, 17)) for s in spec.symbols}
-    return env, bench.random_inputs(spec, env, rng)
+    return env, random_dags.random_inputs(spec, env, rng)
 
 
-def _inputs(spec: bench.DagSpec, rng: np.random.Generator) -> list[np.ndarray]:
+def _inputs(spec: random_dags.DagSpec, rng: np.random.Generator) -> list[np.ndarray]:
     return _job(spec, rng)[1]
 
 
@@ -62,7 +59,7 @@ def test_eight_threads_running_one_graph_match_the_serial_results(graphs):
     jobs = [[_job(spec, np.random.default_rng(1000 * i + r)) for r in range(RUNS)] for i in range(THREADS)]
     serial = [[_run(graph, xs) for _, xs in thread_jobs] for thread_jobs in jobs]
     for (env, xs), want in zip(jobs[0][:40], serial[0][:40]):  # the serial results are themselves right
-        _check(want, bench.reference(spec, env, xs), f"serial vs numpy at {env}")
+        _check(want, random_dags.reference(spec, env, xs), f"serial vs numpy at {env}")
 
     def work(i: int) -> None:
         for r, (_, xs) in enumerate(jobs[i]):
@@ -137,7 +134,7 @@ def test_workspace_stops_growing_at_the_largest_key_and_memory_stays_flat(regist
     inputs = {}
     for n in set(sizes):
         env = {s: n for s in spec.symbols}
-        inputs[n] = bench.random_inputs(spec, env, rng)
+        inputs[n] = random_dags.random_inputs(spec, env, rng)
     largest_at = sizes.index(max(sizes))
     history = []
     rss_warm = None

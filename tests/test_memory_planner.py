@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,8 +25,7 @@ from engine.runtime.memory import (Block, Interference, ReplayTemplate, align_up
                                   live_peak, lower_bound, plan_offsets, tie_ranks)
 from engine.runtime.plan import INPUT, OUTPUT, WEIGHT, WORKSPACE, GraphPlanner, KeyPlan
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import planner as bench  # noqa: E402
+from engine.testing import block_lists, random_dags  # noqa: E402
 
 # Graph-building examples compile C (a few tenths of a second each): few examples, reproducible.
 SLOW = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -112,13 +109,13 @@ def check_key_plan(contents, plan: KeyPlan, alignment: dict[str, int]) -> None:
         assert plan.lower_bound_bytes[kind] <= plan.workspace_bytes[kind] <= plan.no_reuse_bytes[kind]
 
 
-def _env(spec: bench.DagSpec, rng: np.random.Generator) -> dict[str, int]:
+def _env(spec: random_dags.DagSpec, rng: np.random.Generator) -> dict[str, int]:
     return {s: int(rng.integers(1, 41)) for s in spec.symbols}
 
 
-def run_and_compare(graph, spec: bench.DagSpec, env: dict[str, int], rng: np.random.Generator) -> None:
-    xs = bench.random_inputs(spec, env, rng)
-    want = bench.reference(spec, env, xs)
+def run_and_compare(graph, spec: random_dags.DagSpec, env: dict[str, int], rng: np.random.Generator) -> None:
+    xs = random_dags.random_inputs(spec, env, rng)
+    want = random_dags.reference(spec, env, xs)
     for _ in range(2):  # the first run at a key is interpreted or prepared, the second is the fast path
         got = graph.run_async([x.copy() for x in xs])  # fresh copies: some graphs write an input in place
         assert len(got) == len(want)
@@ -136,8 +133,8 @@ def _with_execution(members: dict, edit) -> bytes:
 @given(seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=25, **SLOW)
 def test_liveness_matches_an_independent_computation(seed, registry2):
-    spec = bench.random_dag(seed, kinds=("cpu", "hostdev") if seed % 2 else ("cpu",))
-    contents = read_bundle(bench.build_dag(spec, registry2, noop=True).to_bytes())
+    spec = random_dags.random_dag(seed, kinds=("cpu", "hostdev") if seed % 2 else ("cpu",))
+    contents = read_bundle(random_dags.build_dag(spec, registry2, noop=True).to_bytes())
     an = contents.analysis
     groups, ranges = independent_storage(contents)
     for r, members in groups.items():
@@ -151,7 +148,7 @@ def _chain_with_in_place(registry):
     """x -> y = k(x) -> z = k(y) in place over y -> w = k(z) -> out = k(w)."""
     b = engine.build.GraphBuilder("inplace", registry=registry)
     x = b.input("x", "uint32", ["n"])
-    k = b.kernel("noop", entries=["noop"], source=bench.NOOP_SOURCE)
+    k = b.kernel("noop", entries=["noop"], source=random_dags.NOOP_SOURCE)
     (y,) = b.call(k, [x], [("uint32", ["n"])])
     (z,) = b.call(k, [y], [("uint32", ["n"])], share_map={0: 0})
     (w,) = b.call(k, [z], [("uint32", ["n"])])
@@ -210,7 +207,7 @@ blocks_strategy = st.lists(
 @settings(max_examples=300, deadline=None)
 def test_best_fit_plans_are_valid_and_deterministic(blocks, alignment):
     plan = plan_offsets(blocks, alignment)
-    bench.check_plan(blocks, plan.offsets, plan.total_bytes, alignment)
+    block_lists.check_plan(blocks, plan.offsets, plan.total_bytes, alignment)
     bound = lower_bound(blocks, alignment)
     no_reuse = sum(align_up(b.nbytes, alignment) for b in blocks)
     assert bound <= plan.total_bytes <= no_reuse
@@ -233,7 +230,7 @@ def test_replayed_plans_are_valid_for_any_sizes(blocks, data):
                                                        max_size=len(blocks)))]
     replayed, replayed_peak = template.replay(np.array(new, np.int64))
     moved = [Block(s, e, n) for s, e, n in zip(starts, ends, new)]
-    bench.check_plan(moved, replayed.tolist(), replayed_peak, 64)
+    block_lists.check_plan(moved, replayed.tolist(), replayed_peak, 64)
     assert replayed_peak >= lower_bound(moved)
 
 
@@ -289,24 +286,24 @@ def test_zero_and_empty_cases():
 
 def _ratio(blocks, alignment=64):
     plan = plan_offsets(blocks, alignment)
-    bench.check_plan(blocks, plan.offsets, plan.total_bytes, alignment)
+    block_lists.check_plan(blocks, plan.offsets, plan.total_bytes, alignment)
     return plan.total_bytes / lower_bound(blocks, alignment)
 
 
 def test_peak_near_the_lower_bound_on_100_random_dags():
-    ratios = [_ratio(bench.random_blocks(seed)) for seed in range(100)]
+    ratios = [_ratio(block_lists.random_blocks(seed)) for seed in range(100)]
     print(f"\nbest-fit / lower bound over 100 random DAGs: mean {statistics.mean(ratios):.4f}, max {max(ratios):.4f}")
     assert statistics.mean(ratios) <= 1.05
     assert max(ratios) <= 1.15
 
 
-@pytest.mark.parametrize("name", list(bench.TOPOLOGIES))
+@pytest.mark.parametrize("name", list(block_lists.TOPOLOGIES))
 def test_peak_near_the_lower_bound_on_model_topologies(name):
-    blocks = bench.TOPOLOGIES[name]()
+    blocks = block_lists.TOPOLOGIES[name]()
     bound = lower_bound(blocks, 64)
     ratio = _ratio(blocks)
-    ff_offsets, ff_total = bench.first_fit_128(blocks)
-    bench.check_plan(blocks, ff_offsets, ff_total, 128)
+    ff_offsets, ff_total = block_lists.first_fit_128(blocks)
+    block_lists.check_plan(blocks, ff_offsets, ff_total, 128)
     print(f"\n{name}: best-fit {ratio:.3f}, first-fit-128 {ff_total / bound:.3f}, "
           f"no reuse {sum(align_up(b.nbytes, 64) for b in blocks) / bound:.3f} x the lower bound")
     assert ratio <= 1.05
@@ -324,8 +321,8 @@ def test_live_peak_is_the_largest_live_total():
 @given(seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=8, **SLOW)
 def test_random_graphs_match_a_no_reuse_execution(seed, registry):
-    spec = bench.random_dag(seed)
-    graph = bench.build_dag(spec, registry).build()
+    spec = random_dags.random_dag(seed)
+    graph = random_dags.build_dag(spec, registry).build()
     rng = np.random.default_rng(seed)
     alignment = {k: b.alignment for k, b in graph.runtime.devices.backends.items()}
     for _ in range(3):
@@ -335,13 +332,13 @@ def test_random_graphs_match_a_no_reuse_execution(seed, registry):
         plan = graph.runtime.key_plan(key)
         check_key_plan(graph.runtime.contents, plan, alignment)
         for t in range(len(spec.tensors)):
-            assert plan.shapes[t] == bench.shape_at(spec, t, env)
+            assert plan.shapes[t] == random_dags.shape_at(spec, t, env)
 
 
 @pytest.fixture(scope="module")
 def dag_graph(registry):
-    spec = bench.random_dag(7, n_ops=40)
-    return spec, bench.build_dag(spec, registry).build()
+    spec = random_dags.random_dag(7, n_ops=40)
+    return spec, random_dags.build_dag(spec, registry).build()
 
 
 def test_plans_are_cached_per_key_and_deterministic(dag_graph, registry):
@@ -372,7 +369,7 @@ def test_replayed_keys_stay_near_the_lower_bound(dag_graph):
 def _scratch_chain(registry, n_ops: int, scratch: str = "n * 16"):
     b = engine.build.GraphBuilder("chain", registry=registry)
     x = b.input("x", "float32", ["n", 4])
-    k = b.kernel("noop", entries=["noop"], source=bench.NOOP_SOURCE)
+    k = b.kernel("noop", entries=["noop"], source=random_dags.NOOP_SOURCE)
     for _ in range(n_ops):
         (x,) = b.call(k, [x], [("float32", ["n", 4])], workspace=scratch)
     b.output(x)
@@ -406,7 +403,7 @@ def test_a_template_key_uses_its_own_plan(registry):
 def test_bad_sizes_are_input_errors(registry):
     b = engine.build.GraphBuilder("bad", registry=registry)
     x = b.input("x", "float32", ["n"])
-    k = b.kernel("noop", entries=["noop"], source=bench.NOOP_SOURCE)
+    k = b.kernel("noop", entries=["noop"], source=random_dags.NOOP_SOURCE)
     (y,) = b.call(k, [x], [("float32", ["n - 5"])])
     (z,) = b.call(k, [y], [("float32", ["n"])], workspace="n * 1099511627776")
     b.output(z)

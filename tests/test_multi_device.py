@@ -7,8 +7,6 @@ A third kind declared here, ``hostdev256``, asks for 256-byte alignment, as GPU 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,8 +17,7 @@ from engine.storage import Storage
 from support import HostKindBackend, make_registry
 from test_memory_planner import check_key_plan, run_and_compare
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import planner as bench  # noqa: E402
+from engine.testing import random_dags  # noqa: E402
 
 from engine.runtime.plan import WORKSPACE  # noqa: E402
 import engine  # noqa: E402
@@ -58,23 +55,23 @@ def registry256(session_cache):
     return registry
 
 
-def _two_kind_spec(device: str) -> bench.DagSpec:
+def _two_kind_spec(device: str) -> random_dags.DagSpec:
     """x (cpu) -> a = f(x) [scratch] -> copy to `device` -> c = g(b) [scratch] -> d = h(c) in place
     -> copy back -> out = k(e, a): `a` stays live on the cpu while the other kind works."""
-    spec = bench.DagSpec(("n",))
+    spec = random_dags.DagSpec(("n",))
     x = spec.add("uint32", ["n", "3"], "cpu")
     spec.n_inputs = 1
 
     def op(dev, ins, shape, *, in_place=False, scratch="0", seed=1):
         out = spec.add("uint32" if not in_place else spec.tensors[ins[0]].dtype,
                        spec.tensors[ins[0]].shape if in_place else shape, dev)
-        spec.ops.append(bench.OpSpec(dev, ins, [out], in_place=in_place, scratch=scratch,
+        spec.ops.append(random_dags.OpSpec(dev, ins, [out], in_place=in_place, scratch=scratch,
                                      coefs=[(3, 5, 7, seed)], seed=seed))
         return out
 
     def copy(t, dev):
         out = spec.add(spec.tensors[t].dtype, spec.tensors[t].shape, dev)
-        spec.ops.append(bench.OpSpec(dev, [t], [out], copy=True))
+        spec.ops.append(random_dags.OpSpec(dev, [t], [out], copy=True))
         return out
 
     a = op("cpu", [x], ["n", "3"], scratch="n * 40 + 3", seed=11)
@@ -89,7 +86,7 @@ def _two_kind_spec(device: str) -> bench.DagSpec:
 
 def test_each_kind_plans_into_its_own_slot(registry2):
     spec = _two_kind_spec("hostdev")
-    graph = bench.build_dag(spec, registry2).build()
+    graph = random_dags.build_dag(spec, registry2).build()
     assert {t.meta.device for t in graph.compiled_tasks} == {"cpu", "hostdev"}
     assert sum(t.is_copy for t in graph.compiled_tasks) == 2
     rng = np.random.default_rng(0)
@@ -116,8 +113,8 @@ def test_each_kind_plans_into_its_own_slot(registry2):
 @given(seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 def test_random_two_kind_graphs(seed, registry2):
-    spec = bench.random_dag(seed, kinds=("cpu", "hostdev"))
-    graph = bench.build_dag(spec, registry2).build()
+    spec = random_dags.random_dag(seed, kinds=("cpu", "hostdev"))
+    graph = random_dags.build_dag(spec, registry2).build()
     rng = np.random.default_rng(seed)
     for _ in range(3):
         env = {s: int(rng.integers(1, 41)) for s in spec.symbols}
@@ -128,7 +125,7 @@ def test_random_two_kind_graphs(seed, registry2):
 
 def test_a_kind_declares_its_own_alignment(registry256):
     spec = _two_kind_spec("hostdev256")
-    graph = bench.build_dag(spec, registry256).build()
+    graph = random_dags.build_dag(spec, registry256).build()
     rng = np.random.default_rng(1)
     for n in (3, 17):
         run_and_compare(graph, spec, {"n": n}, rng)

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,8 +25,7 @@ from engine.runtime.memory import (Block, Interference, ReplayTemplate, align_up
                                    plan_offsets)
 from engine.runtime.plan import GraphPlanner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import planner as bench  # noqa: E402
+from engine.testing import block_lists, random_dags  # noqa: E402
 
 NATIVE = memory._native
 
@@ -90,7 +87,7 @@ def test_refinement_equal_on_random_dags_that_need_it():
     the second starting order) run in C and in Python with the same result."""
     refined = 0
     for seed in range(100):
-        starts, ends, sizes = _arrays(bench.random_blocks(seed))
+        starts, ends, sizes = _arrays(block_lists.random_blocks(seed))
         bound = live_peak(starts, ends, sizes)
         first = plan_array(starts, ends, sizes, bound, rounds=1)[1]
         refined += first > bound
@@ -156,9 +153,9 @@ def test_live_peak_equals_numpy(blocks):
 def test_key_plans_are_the_same_with_either_passes(registry):
     """Whole key plans of the two 1,000-instruction benchmark graphs, at first keys, new buckets and
     replayed keys, with the extension and without it."""
-    dag = bench.random_dag(101, n_ops=1000)
-    cases = [(read_bundle(bench.transformer_bundle(registry).to_bytes()), [(1, 16), (3, 300), (4, 290), (32, 1000)]),
-             (read_bundle(bench.build_dag(dag, registry, noop=True).to_bytes()),
+    dag = random_dags.random_dag(101, n_ops=1000)
+    cases = [(read_bundle(random_dags.transformer_bundle(registry).to_bytes()), [(1, 16), (3, 300), (4, 290), (32, 1000)]),
+             (read_bundle(random_dags.build_dag(dag, registry, noop=True).to_bytes()),
               [tuple(range(k, k + len(dag.symbols))) for k in (1, 7, 50, 199)])]
     for contents, keys in cases:
         native = GraphPlanner(contents, {"cpu": 64})
@@ -172,7 +169,7 @@ def test_key_plans_are_the_same_with_either_passes(registry):
 
 def test_planning_from_threads_gives_the_same_plans(registry):
     """Threads planning keys of one planner at once (the compiled passes release the GIL)."""
-    contents = read_bundle(bench.transformer_bundle(registry, layers=20).to_bytes())
+    contents = read_bundle(random_dags.transformer_bundle(registry, layers=20).to_bytes())
     keys = [(b, s) for b in (1, 3, 8) for s in (17, 100, 250, 513)]
     serial = [GraphPlanner(contents, {"cpu": 64}).plan(k) for k in keys]
     shared = GraphPlanner(contents, {"cpu": 64})
@@ -269,7 +266,7 @@ def test_bad_keys_give_the_same_errors_with_either_passes(registry):
     """The compiled key sizes only accept a clean key; numpy then finds and names the problem."""
     b = GraphBuilder("bad", registry=registry)
     x = b.input("x", "float32", ["n"])
-    k = b.kernel("noop", entries=["noop"], source=bench.NOOP_SOURCE)
+    k = b.kernel("noop", entries=["noop"], source=random_dags.NOOP_SOURCE)
     (y,) = b.call(k, [x], [("float32", ["n - 5", "n", "n"])])
     (z,) = b.call(k, [y], [("float32", ["n"])], workspace="n * 1099511627776")
     (w,) = b.call(k, [z], [("float32", ["0", "n * 1099511627776", "n * 1099511627776"])])

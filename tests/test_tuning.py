@@ -23,9 +23,8 @@ from support import run_in_threads
 # Two candidates with the same result; "heavy" does 8x the passes of "light". heavy is candidate 0,
 # so picking light shows the timing worked (the "first" policy and index tie-breaks favour 0).
 # The kernel is the tuning benchmark's, so the test and the benchmark measure the same thing.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from tuning import WORK_C  # noqa: E402
-from tuning import work_bundle as work_graph  # noqa: E402
+from engine.testing.two_candidates import WORK_C  # noqa: E402
+from engine.testing.two_candidates import work_bundle as work_graph  # noqa: E402
 
 # In place (y is x): y = x + 1, the slow way or the fast way. Run twice, it would add 2.
 INC_C = r"""
