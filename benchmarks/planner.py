@@ -36,6 +36,7 @@ Run: ``python benchmarks/planner.py [--quick] [--python-passes]`` (results in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -136,10 +137,16 @@ def main(argv: list[str] | None = None) -> dict:
                     help="plan without the compiled helpers (numpy and Python), as an install without a C "
                          "compiler does")
     args = ap.parse_args(argv)
-    from engine import expr
-    from engine.runtime import memory, plan
-    if args.python_passes:  # what an install without a C compiler runs
-        memory._native = plan._native = expr._native_tape = None
+    from engine.compiled import python_passes
+
+    # --python-passes: what an install without a C compiler runs.
+    with python_passes() if args.python_passes else contextlib.nullcontext():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> dict:
+    from engine.runtime import memory
+
     passes = "compiled" if memory.native_passes() else "numpy/Python"
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _common as C

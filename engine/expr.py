@@ -37,10 +37,7 @@ import numpy as np
 from engine.bundle.jsonread import clip, parse_decimal
 from engine.errors import BundleError
 
-try:  # the compiled tape (``_exprtape.c``); optional, the Python tape gives the same values and errors
-    from engine import _exprtape as _native_tape  # type: ignore[attr-defined]  # a C extension, no stub
-except ImportError:  # pragma: no cover - an install without a C compiler
-    _native_tape = None
+from engine.compiled import HELPERS  # the compiled tape (``_exprtape.c``) where built and switched on
 
 __all__ = ["Env", "Expr", "ExprBatch", "ExprError", "parse_expr", "evaluate_all"]
 
@@ -421,8 +418,8 @@ class ExprBatch:
     milliseconds more than the loop, which stops at the first overflow; a clean key never pays.
     """
 
-    __slots__ = ("symbols", "_exprs", "_nsym", "_seed", "_tape", "_out", "_pick", "_complete", "_codes", "_start",
-                 "_out_index")
+    __slots__ = ("symbols", "_exprs", "_nsym", "_seed", "_tape", "_out", "_pick", "_complete", "_codes", "_evaluate",
+                 "_start", "_out_index")
 
     symbols: tuple[str, ...]
 
@@ -477,11 +474,19 @@ class ExprBatch:
         # The same tape as int64 arrays for the compiled evaluator: opcodes, operand slots, and the
         # value array's first slots (symbols as zeros, then the constants) to start each run from.
         self._codes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        if _native_tape is not None and self._complete:
-            self._codes = (np.array([getattr(_native_tape, _OPCODE[name]) for name in names], np.int64),
+        tape_module = HELPERS.expr_tape
+        self._evaluate = tape_module.evaluate if tape_module is not None else None
+        if tape_module is not None and self._complete:
+            self._codes = (np.array([getattr(tape_module, _OPCODE[name]) for name in names], np.int64),
                            np.array([a for _, a, _ in tape], np.int64), np.array([b for _, _, b in tape], np.int64))
             self._start = np.array([0] * self._nsym + self._seed, np.int64)
             self._out_index = np.array(self._out, np.int64)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether evaluations run the compiled tape (``engine.compiled``; where it returns no answer,
+        as past int64, the Python tape decides)."""
+        return self._codes is not None
 
     @property
     def steps(self) -> int:
@@ -518,8 +523,8 @@ class ExprBatch:
             return None  # the Python paths handle wrong counts exactly
         out = np.empty(len(self._out_index), np.int64)
         ops, left, right = self._codes  # type: ignore[misc]
-        run = _native_tape.evaluate  # type: ignore[union-attr]
-        if not run(ops, left, right, self._start, values, self._out_index, out):
+        run = self._evaluate
+        if run is None or not run(ops, left, right, self._start, values, self._out_index, out):
             return None  # not plain ints in int64, an intermediate outside int64 or a division by zero:
             #              the Python paths decide (numpy integers) and raise the precise error
         return out

@@ -658,27 +658,30 @@ def test_batch_pickles():
 
 def test_the_compiled_tape_is_built_and_used():
     """``./scripts/test`` sets ENGINE_REQUIRE_NATIVE=1: there the compiled tape must exist."""
-    from engine import expr
+    from engine.compiled import HELPERS, python_passes
 
-    if expr._native_tape is None:
+    if HELPERS.expr_tape is None:
         if os.environ.get("ENGINE_REQUIRE_NATIVE") == "1":
             pytest.fail("engine._exprtape was not built (ENGINE_REQUIRE_NATIVE=1)")
         pytest.skip("engine._exprtape was not built (no C compiler at install)")
     texts = [f"a * {k} + b // {k + 1} - ceil_div(a, {k + 2}) % (b + {k})" for k in range(10)]
     batch = ExprBatch([parse_expr(t) for t in texts], ["a", "b"])
-    assert batch._codes is not None and batch.steps >= 24
+    assert batch.compiled and batch.steps >= 24
     want = [a * k + b // (k + 1) - -(-a // (k + 2)) % (b + k) for a, b in [(1000, 7)] for k in range(10)]
     assert batch.evaluate([1000, 7]) == want == batch.evaluate_array([1000, 7]).tolist()
+    with python_passes():  # the Python tape, as an install without a C compiler runs it
+        python = ExprBatch([parse_expr(t) for t in texts], ["a", "b"])
+    assert not python.compiled and python.evaluate([1000, 7]) == want == python.evaluate_array([1000, 7]).tolist()
     z1, out = np.zeros(1, np.int64), np.zeros(1, np.int64)
     with pytest.raises(ValueError, match="tape step 0 is malformed"):  # an unknown opcode
-        expr._native_tape.evaluate(np.array([99], np.int64), z1, z1, z1, [], z1, out)
+        HELPERS.expr_tape.evaluate(np.array([99], np.int64), z1, z1, z1, [], z1, out)
     with pytest.raises(ValueError, match="tape step 0 is malformed"):  # an operand from a later slot
-        expr._native_tape.evaluate(np.array([0], np.int64), np.array([1], np.int64), z1, z1, [], z1, out)
+        HELPERS.expr_tape.evaluate(np.array([0], np.int64), np.array([1], np.int64), z1, z1, [], z1, out)
     with pytest.raises(ValueError, match="picks\\[0\\] is not a slot"):
-        expr._native_tape.evaluate(z1, z1, z1, z1, [], np.array([7], np.int64), out)
+        HELPERS.expr_tape.evaluate(z1, z1, z1, z1, [], np.array([7], np.int64), out)
     with pytest.raises(ValueError, match="inconsistent lengths"):  # more values than leading slots
-        expr._native_tape.evaluate(z1, z1, z1, z1, [1, 2], z1, out)
-    assert not expr._native_tape.evaluate(z1, z1, z1, z1, [2**63], z1, out)  # not in int64: Python decides
-    assert not expr._native_tape.evaluate(z1, z1, z1, z1, [True], z1, out)  # not a plain int: Python decides
-    assert expr._native_tape.evaluate(z1, z1, z1, z1, [21], np.array([1], np.int64), out)
+        HELPERS.expr_tape.evaluate(z1, z1, z1, z1, [1, 2], z1, out)
+    assert not HELPERS.expr_tape.evaluate(z1, z1, z1, z1, [2**63], z1, out)  # not in int64: Python decides
+    assert not HELPERS.expr_tape.evaluate(z1, z1, z1, z1, [True], z1, out)  # not a plain int: Python decides
+    assert HELPERS.expr_tape.evaluate(z1, z1, z1, z1, [21], np.array([1], np.int64), out)
     assert out.tolist() == [42]  # slot 0 = the symbol, 21; step 0 (ADD, slots 0 and 0) writes slot 1

@@ -1,8 +1,8 @@
 """The compiled planner passes (``engine/runtime/_planner.c``) against the numpy and Python ones.
 
 The extension is optional (an install without a C compiler plans with numpy), so both must give the
-same plans: every comparison here runs the same call with the extension and with ``memory._native``
-set to None. ``./scripts/test`` sets ENGINE_REQUIRE_NATIVE=1 so that CI fails, rather than skips,
+same plans: every comparison here runs the same call with the extension and inside
+``engine.compiled.python_passes()``. ``./scripts/test`` sets ENGINE_REQUIRE_NATIVE=1 so that CI fails, rather than skips,
 when the extension was not built.
 """
 
@@ -19,31 +19,21 @@ from hypothesis import strategies as st
 
 from engine.build import GraphBuilder
 from engine.bundle.contents import read_bundle
+from engine.compiled import HELPERS, python_passes
 from engine.errors import EngineError
-from engine.runtime import memory, plan
-from engine.runtime.memory import (Block, Interference, ReplayTemplate, align_up, best_fit, live_peak, plan_array,
-                                   plan_offsets)
+from engine.runtime.memory import (Block, Interference, ReplayTemplate, align_up, best_fit, by_area, live_peak,
+                                   plan_array, plan_offsets)
 from engine.runtime.plan import GraphPlanner
 
 from engine.testing import block_lists, random_dags  # noqa: E402
 
-NATIVE = memory._native
+NATIVE = HELPERS.planner
 
 if NATIVE is None:
     if os.environ.get("ENGINE_REQUIRE_NATIVE") == "1":
         raise RuntimeError("engine.runtime._planner was not built (ENGINE_REQUIRE_NATIVE=1): "
                            "`pip install -e .` needs a C compiler")
     pytestmark = pytest.mark.skip(reason="engine.runtime._planner was not built (no C compiler at install)")
-
-
-@contextlib.contextmanager
-def python_passes():
-    """The body runs on the numpy/Python passes."""
-    memory._native = plan._native = None
-    try:
-        yield
-    finally:
-        memory._native = plan._native = NATIVE
 
 
 def _arrays(blocks, alignment=64):
@@ -108,8 +98,8 @@ def test_replay_equals_the_levelled_numpy_replay(blocks, data):
     new = np.array([align_up(s, 64) for s in data.draw(st.lists(st.integers(0, 1 << 22), min_size=len(blocks),
                                                                 max_size=len(blocks)))], np.int64)
     got, got_peak = template.replay(new)
-    template._native = None  # the same template, replayed level by level
-    want, want_peak = template.replay(new)
+    with python_passes():  # the same template built for the levelled numpy replay
+        want, want_peak = ReplayTemplate(starts, ends, offsets, padded).replay(new)
     assert (got.tolist(), got_peak) == (want.tolist(), want_peak)
 
 
@@ -259,7 +249,7 @@ def test_sizes_beyond_the_compiled_range_use_the_python_passes():
     assert plan.total_bytes == 2**63 and plan.offsets == (0, 2**62, 0)
     starts, ends, sizes = _arrays(blocks)
     assert live_peak(starts, ends, sizes) == 2**63  # beyond int64: counted in Python ints
-    assert memory.by_area(starts, ends, sizes).tolist() == [0, 1, 2]  # areas of 2**63: sorted in Python ints
+    assert by_area(starts, ends, sizes).tolist() == [0, 1, 2]  # areas of 2**63: sorted in Python ints
 
 
 def test_bad_keys_give_the_same_errors_with_either_passes(registry):

@@ -64,10 +64,7 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-try:  # the compiled passes (``_planner.c``); optional, the numpy and Python passes give the same plans
-    from engine.runtime import _planner as _native  # type: ignore[attr-defined]  # a C extension, no stub
-except ImportError:  # pragma: no cover - an install without a C compiler
-    _native = None
+from engine.compiled import HELPERS  # the compiled passes (``_planner.c``) where built and switched on
 
 __all__ = ["Block", "MemoryPlan", "plan_offsets", "lower_bound", "align_up", "best_fit", "plan_blocks",
            "plan_array", "live_peak", "total_bytes", "by_area", "ReplayTemplate", "Interference", "fit", "tie_ranks",
@@ -117,7 +114,7 @@ def segment_offsets(offsets: np.ndarray, sizes: np.ndarray, segment: int) -> tup
 
 def native_passes() -> bool:
     """Whether the compiled passes (``engine.runtime._planner``) were built and are in use."""
-    return _native is not None
+    return HELPERS.planner is not None
 
 
 @attrs.frozen
@@ -178,7 +175,7 @@ def live_peak(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray) -> int:
     """The lower bound from int64 arrays: the largest sum of ``sizes`` over blocks live at one position."""
     if len(sizes) == 0:
         return 0
-    native = _native
+    native = HELPERS.planner
     if native is not None:
         try:
             return native.live_peak(_i64(starts), _i64(ends), _i64(sizes))
@@ -227,7 +224,7 @@ def plan_array(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, bound: i
         return np.zeros(0, np.int64), 0
     if ties is None:
         ties = tie_ranks(starts, ends, sizes)
-    native = _native
+    native = HELPERS.planner
     if native is not None:
         if graph is None:
             graph = Interference(starts, ends)
@@ -535,13 +532,14 @@ class ReplayTemplate:
         self.n = len(offsets)
         self._graph = graph if graph is not None else Interference(starts, ends)
         self._offsets = np.ascontiguousarray(offsets, np.int64)
-        if _native is not None:
+        native = HELPERS.planner
+        if native is not None:
             self._by_offset = np.empty(self.n, np.int64)
-            _native.stable_order(self._offsets, False, None, self._by_offset)
+            native.stable_order(self._offsets, False, None, self._by_offset)
         else:
             self._by_offset = np.argsort(self._offsets, kind="stable")
         self._levels: tuple | None = None
-        self._native = _native
+        self._native = native
 
     @property
     def levels(self) -> tuple:

@@ -42,10 +42,7 @@ from engine.expr import Expr, ExprBatch, ExprError, parse_expr
 from engine.runtime.memory import (Interference, ReplayTemplate, SizeError, live_peak, plan_array, segment_offsets,
                                    tie_ranks, total_bytes)
 
-try:  # a key's sizes in one compiled call (``_planner.c``); optional, numpy below gives the same
-    from engine.runtime import _planner as _native  # type: ignore[attr-defined]  # a C extension, no stub
-except ImportError:  # pragma: no cover - an install without a C compiler
-    _native = None
+from engine.compiled import HELPERS  # a key's sizes in one compiled call (``_planner.c``) where built
 
 __all__ = ["Placement", "PlanLayout", "KeyPlan", "OutputSlot", "GraphPlanner", "build_key_plan", "INPUT", "WEIGHT",
            "OUTPUT", "WORKSPACE", "REPLAY_SLACK_PERCENT", "template_key", "MemoryLimit", "memory_limits", "key_text",
@@ -498,9 +495,10 @@ class GraphPlanner:
             array = self.batch.evaluate_array(key)
         except ExprError as exc:  # an expression of the bundle overflows at this key: the key is at fault
             raise InputError(f"at {env}: {exc}") from None
-        if _native is not None:
+        native = HELPERS.planner
+        if native is not None:
             vector = np.empty(len(self.size_items) + len(self.kernel_ws), np.int64)
-            if _native.key_sizes(array, self.size_dims_flat, self.size_dims.shape[1], self.size_items,
+            if native.key_sizes(array, self.size_dims_flat, self.size_dims.shape[1], self.size_items,
                                  self.kernel_ws, vector):
                 return env, array, vector[:len(self.size_items)], vector
             # a negative dimension, a size over 2**62 or a bad workspace: numpy below says which
@@ -537,12 +535,13 @@ class GraphPlanner:
         """One kind's blocks at a key: raw and aligned sizes (``pad``: empty blocks as the smallest
         size, for templates), their total and lower bound. InputError past 2**62 bytes in all."""
         n = len(kb.size_src)
-        if _native is not None:
+        native = HELPERS.planner
+        if native is not None:
             raw, aligned = np.empty(n, np.int64), np.empty(n, np.int64)
             try:
-                total, bound = _native.kind_sizes(size_vector, kb.size_src, kb.alignment, kb.starts, kb.ends, raw,
-                                                  aligned, pad)
-            except _native.SizeError:
+                total, bound = native.kind_sizes(size_vector, kb.size_src, kb.alignment, kb.starts, kb.ends, raw,
+                                                 aligned, pad)
+            except native.SizeError:
                 raise InputError(f"the {kb.kind} workspace would need more than 2**62 bytes") from None
             return raw, aligned, total, bound
         raw = size_vector[kb.size_src]
@@ -644,9 +643,10 @@ class GraphPlanner:
             workspace_bytes[kind] = peak
             bounds[kind] = bound
             no_reuse[kind] = total
-            if _native is not None:
-                _native.scatter(offsets, raw, kb.n_tensors, kb.tensors, kb.tensor_blocks, kb.scratch_pos,
-                                tensor_offsets, scratch_offsets, scratch_nbytes)
+            native = HELPERS.planner
+            if native is not None:
+                native.scatter(offsets, raw, kb.n_tensors, kb.tensors, kb.tensor_blocks, kb.scratch_pos,
+                               tensor_offsets, scratch_offsets, scratch_nbytes)
             else:
                 tensor_offsets[kb.tensors] = offsets[kb.tensor_blocks]
                 scratch_offsets[kb.scratch_pos] = offsets[kb.n_tensors:]
