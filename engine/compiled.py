@@ -20,6 +20,8 @@ import os
 from types import ModuleType
 from typing import Iterator
 
+from engine.settings import env_flag
+
 __all__ = ["HELPERS", "CompiledHelpers", "built", "python_passes", "ENV"]
 
 #: The environment variable that, set to ``0``, starts the process on the Python passes.
@@ -46,7 +48,7 @@ class CompiledHelpers:
 
     def __init__(self) -> None:
         self._built = {"planner": _load("planner"), "expr_tape": _load("expr_tape")}
-        on = os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+        on = env_flag(os.environ.get(ENV, "1"))
         self.planner: ModuleType | None = self._built["planner"] if on else None
         self.expr_tape: ModuleType | None = self._built["expr_tape"] if on else None
 

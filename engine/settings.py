@@ -15,8 +15,8 @@ import attrs
 
 from engine.errors import InputError
 
-__all__ = ["Settings", "DISPATCH_POLICIES", "DEFAULT_CACHE_MAX_BYTES", "DEFAULT_TUNING_WARN_S", "parse_size",
-           "cache_max_bytes_from_env", "parse_seconds"]
+__all__ = ["Settings", "env_flag", "DISPATCH_POLICIES", "DEFAULT_CACHE_MAX_BYTES", "DEFAULT_TUNING_WARN_S",
+           "parse_size", "cache_max_bytes_from_env", "parse_seconds"]
 
 DISPATCH_POLICIES = ("tune", "first", "nearest", "error")
 #: The cache directory's default size cap (``ENGINE_CACHE_MAX_BYTES``); see ``engine.cache``.
@@ -91,7 +91,7 @@ class Settings:
     #: ``ENGINE_NATIVE_RUN=0`` turns the native run path off (``engine.runtime.native``: prepared runs
     #: on the CPU as one compiled call). The default reads the variable, so that registries built
     #: with explicit settings follow the switch too.
-    native_run: bool = attrs.field(factory=lambda: _flag(os.environ.get("ENGINE_NATIVE_RUN", "1")))
+    native_run: bool = attrs.field(factory=lambda: env_flag(os.environ.get("ENGINE_NATIVE_RUN", "1")))
 
     @dispatch_policy.validator
     def _check_policy(self, _attr: "attrs.Attribute[str]", value: str) -> None:
@@ -109,14 +109,14 @@ class Settings:
             raise InputError(f"ENGINE_DISPATCH_POLICY={policy!r}: expected one of {', '.join(DISPATCH_POLICIES)}")
         return cls(
             devices=kinds,
-            autoload_plugins=_flag(env.get("ENGINE_PLUGINS_AUTOLOAD", "1")),
+            autoload_plugins=env_flag(env.get("ENGINE_PLUGINS_AUTOLOAD", "1")),
             cache_dir=Path(env["ENGINE_CACHE_DIR"]) if env.get("ENGINE_CACHE_DIR") else _default_cache_dir(env),
             dispatch_policy=policy,
-            dispatch_cache=_flag(env.get("ENGINE_DISPATCH_CACHE", "1")),
+            dispatch_cache=env_flag(env.get("ENGINE_DISPATCH_CACHE", "1")),
             cache_max_bytes=cache_max_bytes_from_env(env),
-            tuning_traces=_flag(env.get("ENGINE_TUNING_TRACES", "0")),
+            tuning_traces=env_flag(env.get("ENGINE_TUNING_TRACES", "0")),
             tuning_warn_s=_seconds(env, "ENGINE_TUNING_WARN_S", DEFAULT_TUNING_WARN_S),
-            native_run=_flag(env.get("ENGINE_NATIVE_RUN", "1")),
+            native_run=env_flag(env.get("ENGINE_NATIVE_RUN", "1")),
         )
 
 
@@ -125,5 +125,6 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return parse_seconds(text, what=name) if text else default
 
 
-def _flag(value: str) -> bool:
+def env_flag(value: str) -> bool:
+    """An on/off environment setting: off for ``0``, ``false``, ``no`` or ``off`` (any case)."""
     return value.strip().lower() not in ("0", "false", "no", "off")

@@ -272,3 +272,17 @@ def test_bad_keys_give_the_same_errors_with_either_passes(registry):
                     outcomes.append((type(e).__name__, str(e)))
         assert outcomes[0] == outcomes[1], key
     assert outcomes[0][0] == "InputError" and "is too large" in outcomes[0][1]  # 2**21 cubed x 4 bytes
+
+
+def test_the_environment_switch_starts_a_process_on_the_python_passes():
+    import subprocess
+    import sys
+
+    script = ("from engine.compiled import built; from engine.runtime import memory; from engine.expr import "
+              "ExprBatch, parse_expr; b = ExprBatch([parse_expr(f'a * {k} + a // 3') for k in range(30)], ['a']); "
+              "print(memory.native_passes(), b.compiled, built()['planner'], b.evaluate([7])[2])")
+    for value, want in (("0", "False False True 16"), ("1", "True True True 16")):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "ENGINE_COMPILED_HELPERS": value})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == want.split()
