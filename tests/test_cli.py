@@ -72,7 +72,7 @@ def _build_offload(path: Path) -> None:
 
 
 def _flip_byte(path: Path, member: str) -> None:
-    from engine.bundle.archive import BundleArchive
+    from engine.bundle.reader import BundleArchive
 
     with BundleArchive.open(path) as archive:
         offset = archive.data_offset(member)
@@ -405,7 +405,7 @@ def test_verify(cli, engine_cli, work):
     assert "weights.bin: sha256 mismatch" in _one_line_error(bad, "verify")
     code, out, _ = engine_cli("verify", "mlp.cgb", "--verbose")
     assert code == 0
-    from engine.bundle.archive import BundleArchive
+    from engine.bundle.reader import BundleArchive
 
     with BundleArchive.open(work / "mlp.cgb") as archive:
         names = archive.names()

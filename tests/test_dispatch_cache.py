@@ -17,8 +17,10 @@ import pytest
 
 import engine
 from engine.build import GraphBuilder
-from engine.bundle.archive import BundleArchive, copy_members, write_bundle
 from engine.bundle.dispatch_text import parse_dispatch_table
+from engine.bundle.reader import BundleArchive
+from engine.bundle.save import write_bundle
+from engine.bundle.writer import copy_members
 from engine.plugins import Registry
 from engine.runtime.dispatch_cache import DispatchCache, DispatchCacheWarning
 from engine.runtime.tuning import TuningOptions

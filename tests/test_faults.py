@@ -29,7 +29,10 @@ import pytest
 
 import engine
 from engine.build import GraphBuilder
-from engine.bundle import archive
+from engine.bundle import manifest as manifest_mod
+from engine.bundle import reader as reader_mod
+from engine.bundle import save as save_mod
+from engine.bundle import writer as writer_mod
 from engine.bundle.contents import read_bundle
 from engine.errors import EngineError, KernelError, SaveError
 
@@ -37,7 +40,8 @@ from support import make_registry
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs POSIX processes and file systems")
 
-ARCHIVE_SOURCE = archive.__file__
+# The modules a save runs through: every line they execute is a point to kill it at.
+SAVE_SOURCES = frozenset(m.__file__ for m in (manifest_mod, reader_mod, writer_mod, save_mod))
 TEMPORARY = re.compile(r"\.b\.cgb\.tmp-[0-9a-f]{16}")  # the documented name of a save's temporary
 
 ADD_W = r"""
@@ -152,13 +156,13 @@ def load_in_processes(bundle: Path, cache: Path, count: int) -> list[np.ndarray]
 
 # ---- 1. saves killed with SIGKILL -------------------------------------------------------------
 def save_and_die_at(line: int, save: Callable[[], None]) -> None:
-    """Run ``save``, SIGKILLing this process when it reaches the ``line``-th line it executes in
-    ``engine/bundle/archive.py`` (every point between two statements of the writer)."""
+    """Run ``save``, SIGKILLing this process when it reaches the ``line``-th line it executes in the
+    bundle container's modules (``SAVE_SOURCES``: every point between two statements of the save)."""
     seen = 0
 
     def tracer(frame, event, arg):
         nonlocal seen
-        if frame.f_code.co_filename != ARCHIVE_SOURCE:
+        if frame.f_code.co_filename not in SAVE_SOURCES:
             return None
         if event == "line":
             seen += 1
@@ -203,7 +207,7 @@ def check_after_kill(tmp_path: Path, target: Path, old, new) -> str:
 
 def saver(target: Path, members: dict, form: str) -> Callable[[], None]:
     """Saving ``members`` to ``target``; the members are compiled already, so a child only saves."""
-    return lambda: archive.write_bundle(target, members, engine_version="faults", form=form)
+    return lambda: save_mod.write_bundle(target, members, engine_version="faults", form=form)
 
 
 @pytest.mark.slow
@@ -270,7 +274,7 @@ def test_a_running_saves_temporary_is_never_removed(tmp_path, registry, form):
     old = snapshot(target)
 
     def stop_before_swap(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "_swap_in" and frame.f_code.co_filename == ARCHIVE_SOURCE:
+        if event == "call" and frame.f_code.co_name == "_swap_in" and frame.f_code.co_filename == save_mod.__file__:
             os.kill(os.getpid(), signal.SIGSTOP)
         return None
 
@@ -312,7 +316,7 @@ def test_killed_portable_directory_swap_is_restored_by_the_next_save(tmp_path, r
     save_new = saver(target, small_graph(registry, 2.0).members(), "dir")
     save_old()
     old = snapshot(target)
-    monkeypatch.setattr(archive, "_exchange", lambda a, b: False)  # as on a platform without it
+    monkeypatch.setattr(save_mod, "_exchange", lambda a, b: False)  # as on a platform without it
     real_rename = os.rename
 
     def die_between_renames() -> None:
@@ -333,7 +337,7 @@ def test_killed_portable_directory_swap_is_restored_by_the_next_save(tmp_path, r
         yield b""
 
     with pytest.raises(RuntimeError, match="producer failed"):  # the next save, failing after its cleaning
-        archive.write_bundle(target, {"a": failing_producer()}, engine_version="faults", form="dir")
+        save_mod.write_bundle(target, {"a": failing_producer()}, engine_version="faults", form="dir")
     assert listing(tmp_path) == ["b.cgb"] and snapshot(target) == old
 
 
@@ -444,7 +448,7 @@ def test_save_over_the_file_size_limit_raises_and_keeps_the_old_bundle(tmp_path,
     def save_limited() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
         try:
-            archive.write_bundle(target, members, engine_version="faults", form=form)
+            save_mod.write_bundle(target, members, engine_version="faults", form=form)
         except SaveError as exc:
             report.write_text(f"{exc.errno}\t{exc}")
 

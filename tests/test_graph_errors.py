@@ -249,16 +249,16 @@ def test_failed_save_leaves_old_file_and_no_temp_files(tmp_path, adder, monkeypa
     adder.save(target)
     before = target.read_bytes()
 
-    from engine.bundle import archive
+    from engine.runtime import compiled_graph
 
-    real = archive.write_bundle
+    real = compiled_graph.write_bundle
 
     def exploding(path, members, **kw):
         members = dict(members)
         members["graph_string.txt"] = _exploding_chunks()
         return real(path, members, **kw)
 
-    monkeypatch.setattr(archive, "write_bundle", exploding)
+    monkeypatch.setattr(compiled_graph, "write_bundle", exploding)
     with pytest.raises(RuntimeError, match="disk on fire"):
         adder.save(target)
     assert target.read_bytes() == before

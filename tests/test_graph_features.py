@@ -82,7 +82,7 @@ def test_reference_weights_npz_is_read(tmp_path, registry):
     buf = io.BytesIO()
     np.savez(buf, arr_0=np.array([5.0, 6.0, 7.0], np.float32))
     members["weights.npz"] = buf.getvalue()
-    from engine.bundle.archive import write_bundle
+    from engine.bundle.save import write_bundle
     write_bundle(tmp_path / "npz.cgb", members, engine_version="reference")
     npz_graph = engine.load_compiled_graph(tmp_path / "npz.cgb", registry=registry)
     (y,) = npz_graph.run_async([np.ones((2, 3), np.float32)])

@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 
 import engine
+import engine.bundle.manifest as manifest_mod
 import engine.bundle.npz as npz_mod
-from engine.bundle.archive import bundle_to_bytes, write_bundle
 from engine.bundle.contents import read_bundle
+from engine.bundle.save import write_bundle
+from engine.bundle.writer import bundle_to_bytes
 from engine.demo.mlp import mlp_weights
 from engine.errors import BundleError
 
@@ -263,9 +265,7 @@ def test_compressed_member(members):
 
 
 def test_too_many_zip_entries(members, monkeypatch):
-    import engine.bundle.archive as archive_mod
-
-    monkeypatch.setattr(archive_mod, "MAX_MEMBERS", 10)  # entries limit: 2 * 10 + 1
+    monkeypatch.setattr(manifest_mod, "MAX_MEMBERS", 10)  # entries limit: 2 * 10 + 1
     dirs = {f"d{i}/": b"" for i in range(25)}
     err = refused(zip_bundle({**dirs}, manifest_bytes({})), None)
     assert "26 zip entries, over the limit of 21" in str(err)

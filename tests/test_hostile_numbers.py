@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 import engine
-from engine.bundle.archive import BundleArchive, bundle_to_bytes, copy_members
 from engine.bundle.contents import read_bundle
 from engine.bundle.jsonread import INT64_MAX, INT64_MIN, MAX_DECIMAL_DIGITS
+from engine.bundle.reader import BundleArchive
+from engine.bundle.writer import bundle_to_bytes, copy_members
 from engine.cli.main import main as cli_main
 from engine.errors import BundleError
 from engine.expr import MAX_DEPTH, MAX_NODES, MAX_TEXT_CHARS, ExprError, parse_expr

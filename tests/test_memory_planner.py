@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engine
-from engine.bundle.archive import bundle_to_bytes
 from engine.bundle.contents import read_bundle
+from engine.bundle.writer import bundle_to_bytes
 from engine.runtime.memory import (Block, Interference, ReplayTemplate, align_up, best_fit, fit, interfering_pairs,
                                   live_peak, lower_bound, plan_offsets, tie_ranks)
 from engine.runtime.plan import INPUT, OUTPUT, WEIGHT, WORKSPACE, GraphPlanner, KeyPlan

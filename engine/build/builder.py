@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 import attrs
 import numpy as np
 
-from engine.bundle.archive import bundle_to_bytes
 from engine.bundle.contents import bundle_members, read_bundle
 from engine.bundle.schema import (BinaryMeta, CandidateMeta, GraphExecution, GraphExecutionInstruction,
                                   GraphMetaData, KernelMeta, LaunchMeta, TensorSignature)
+from engine.bundle.writer import bundle_to_bytes
 from engine.dtypes import dtype as to_dtype
 from engine.errors import InputError
 from engine.expr import parse_expr
@@ -328,7 +328,7 @@ class GraphBuilder:
     def save(self, path: str | Path, *, form: Literal["zip", "dir"] = "zip", overwrite: bool = False) -> None:
         """Write the bundle atomically. An existing ``path`` is replaced only when it is a bundle (or an
         empty directory); anything else raises ``SaveTargetError`` unless ``overwrite``."""
-        from engine.bundle.archive import write_bundle
+        from engine.bundle.save import write_bundle
 
         write_bundle(Path(path), self.members(), engine_version=_engine_version(), form=form, overwrite=overwrite)
 

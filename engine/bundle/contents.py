@@ -1,6 +1,6 @@
 """Reading and writing whole bundles: members <-> validated metadata objects.
 
-``read_bundle`` opens the container (``archive``), structures every metadata member
+``read_bundle`` opens the container (``reader``), structures every metadata member
 (``schema``), checks cross-member consistency (``validate``) and maps the weights blob without
 copying it. ``bundle_members`` goes the other way for the writer. Neither touches a device.
 """
@@ -14,14 +14,15 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from engine.bundle.archive import BundleArchive, MemberData
 from engine.bundle.dispatch_text import format_dispatch_table, parse_dispatch_table
 from engine.bundle.foreign import check_not_a_model
 from engine.bundle.jsonread import JsonReader, loads_member
 from engine.bundle.npz import MAX_NPZ_BYTES, NPZ_MEMBER, ExpectedArray, read_npz
+from engine.bundle.reader import BundleArchive
 from engine.bundle.schema import GraphExecution, GraphMetaData, KernelMeta, WeightEntry
 from engine.bundle.text import decode_utf8
 from engine.bundle.validate import GraphAnalysis, analyze_graph
+from engine.bundle.writer import MemberData
 from engine.errors import BundleError
 
 __all__ = ["BundleContents", "read_bundle", "bundle_members", "WEIGHT_ALIGNMENT", "weights_layout"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.bundle.archive import ZIP_MAGIC
+from engine.bundle.zipformat import ZIP_MAGIC
 from engine.errors import UnconvertedModelError
 
 __all__ = ["check_not_a_model", "CONVERTERS"]

@@ -7,8 +7,9 @@ names a document. So a target that exists must open as a bundle (a zip or direct
 lists exactly what is there), be an empty directory (nothing to lose), or the caller must pass an
 explicit overwrite; otherwise the save is refused with ``SaveTargetError`` before anything is written.
 
-The check opens the target with the same reader that loads bundles, passed in by the writer
-(``probe``), so "is a bundle" means one thing everywhere and this module depends on no reader.
+The check opens the target with the same reader that loads bundles, passed in by the saver
+(``engine.bundle.save``, as ``probe``), so "is a bundle" means one thing everywhere and this module
+depends on no reader.
 """
 
 from __future__ import annotations

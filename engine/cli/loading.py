@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from engine.bundle.archive import ZIP_MAGIC
+from engine.bundle.zipformat import ZIP_MAGIC
 from engine.cli.args import InputSpec, UsageError, parse_input, parse_symbols
 
 if TYPE_CHECKING:

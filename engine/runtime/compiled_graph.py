@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, ca
 import attrs
 import numpy as np
 
-from engine.bundle import archive as _archive
 from engine.bundle.contents import BundleContents, bundle_members, read_bundle
+from engine.bundle.save import write_bundle
 from engine.bundle.schema import GraphExecution, GraphMetaData
+from engine.bundle.writer import MemberData, bundle_to_bytes
 from engine.device import Device
 from engine.errors import BundleError, InputError, OutOfMemoryError, Unsupported
 from engine.plugins import Registry, default_registry
@@ -498,7 +499,7 @@ class CompiledGraph:
     # -- saving and pickling -------------------------------------------------------------------
     def _members(self, *, save_dispatch_table: bool, save_weights: bool) -> dict[str, Any]:
         c = self._contents
-        binaries: dict[str, _archive.MemberData] = {}
+        binaries: dict[str, MemberData] = {}
         for k, kernel in enumerate(c.kernels):
             for cand in kernel.candidates:
                 for b in cand.binaries:
@@ -526,14 +527,13 @@ class CompiledGraph:
         ``SaveTargetError`` unless ``overwrite``."""
         target = Path(path)
         chosen: Literal["zip", "dir"] = form or ("dir" if target.is_dir() else "zip")
-        _archive.write_bundle(target, self._members(save_dispatch_table=save_dispatch_table,
-                                                    save_weights=save_weights),
-                              engine_version=ENGINE_VERSION, form=chosen, overwrite=overwrite)
+        write_bundle(target, self._members(save_dispatch_table=save_dispatch_table, save_weights=save_weights),
+                     engine_version=ENGINE_VERSION, form=chosen, overwrite=overwrite)
 
     def to_bytes(self) -> bytes:
         """The bundle as bytes, dispatch table and current weights included (used by pickling)."""
-        return _archive.bundle_to_bytes(self._members(save_dispatch_table=True, save_weights=True),
-                                        engine_version=ENGINE_VERSION)
+        return bundle_to_bytes(self._members(save_dispatch_table=True, save_weights=True),
+                               engine_version=ENGINE_VERSION)
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         device = None

@@ -43,7 +43,7 @@ def case_rng(seed: int, index: int) -> random.Random:
 def _prepare(cache_dir: Path):
     import engine
     from fuzzing.seeds import build_seeds
-    from engine.bundle.archive import bundle_to_bytes
+    from engine.bundle.writer import bundle_to_bytes
 
     registry = make_registry(cache_dir)
     seeds = build_seeds(registry)

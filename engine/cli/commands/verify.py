@@ -63,7 +63,7 @@ def _hash_member(archive, name: str, bar: Progress) -> str | None:
 
 
 def collect(path: Path) -> dict:
-    from engine.bundle.archive import BundleArchive
+    from engine.bundle.reader import BundleArchive
     from engine.errors import BundleError
 
     doc: dict = {"path": str(path), "ok": False, "members": [], "bad": [], "problems": []}

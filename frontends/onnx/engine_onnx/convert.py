@@ -15,7 +15,7 @@ from typing import Callable
 import onnx
 
 from engine.build import GraphBuilder
-from engine.bundle.archive import check_save_target
+from engine.bundle.save import check_save_target
 from engine.bundle.target import same_file
 from engine.errors import SaveTargetError
 from engine_onnx.gpu import GPU_KINDS, GpuKernelSpec, render
