@@ -34,8 +34,8 @@ from typing import NoReturn, cast
 import attrs
 import numpy as np
 
-from engine.bundle.jsonread import clip, parse_decimal
 from engine.errors import BundleError
+from engine.numbers import clip, parse_decimal
 
 try:  # the compiled tape (``_exprtape.c``); optional, the Python tape gives the same values and errors
     from engine import _exprtape as _native_tape  # type: ignore[attr-defined]  # a C extension, no stub
