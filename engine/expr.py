@@ -34,8 +34,8 @@ from typing import NoReturn, cast
 import attrs
 import numpy as np
 
-from engine.bundle.jsonread import clip, parse_decimal
 from engine.errors import BundleError
+from engine.numbers import clip, parse_decimal
 
 from engine.compiled import HELPERS  # the compiled tape (``_exprtape.c``) where built and switched on
 

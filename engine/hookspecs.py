@@ -1,12 +1,14 @@
 """Hook specifications for device plugins: the whole plugin contract a vendor has to read.
 
 A plugin is a distribution with an entry point in the group ``engine.devices``; the entry point's
-value names a module (or object) holding functions marked with ``engine.hookimpl``::
+value names a module (or object) holding functions marked with ``hookimpl`` (defined here and
+re-exported as ``engine.hookimpl``; plugins take it from here, the contract they depend on, rather
+than from the application facade)::
 
     # my_accel/plugin.py
-    import engine
+    from engine.hookspecs import hookimpl
 
-    @engine.hookimpl
+    @hookimpl
     def engine_backends(settings):
         return [MyAccelBackend(cache_dir=settings.cache_dir)]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import traceback
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import attrs
 import pluggy
@@ -21,6 +21,9 @@ from engine.device import KIND_PATTERN
 from engine.errors import DeviceUnavailableError, PluginError
 from engine.log import get_logger
 from engine.settings import Settings
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 __all__ = ["DeviceInfo", "PluginFailure", "Registry", "default_registry", "devices", "KNOWN_DISTRIBUTIONS",
            "RESERVED_SLOTS"]
@@ -160,19 +163,39 @@ class Registry:
             log.debug("discovering plugins: %d %r entry points (%s)", len(found), hookspecs.ENTRY_POINT_GROUP,
                       ", ".join(ep.name for ep in found) or "none")
             for ep in found:
-                dist = ep.dist.name if ep.dist is not None else None
-                version = ep.dist.version if ep.dist is not None else None
-                if self._pm.get_plugin(ep.name) is not None or self._pm.is_blocked(ep.name):
-                    continue
-                try:
-                    plugin = ep.load()
-                except Exception as exc:  # noqa: BLE001 - import failures are recorded, not raised
-                    # The entry point's name is, by convention, the kind it provides.
-                    kinds = (ep.name,) if KIND_PATTERN.match(ep.name) else ()
-                    self._record(ep.name, dist, version, f"import failed: {type(exc).__name__}: {exc}", kinds=kinds,
-                                 exc=exc)
-                    continue
-                self.register_plugin(plugin, name=ep.name, distribution=dist, version=version)
+                self._load_entry(ep)
+
+    def load_entry_point(self, name: str) -> bool:
+        """Load the one installed ``engine.devices`` entry point called ``name`` (by convention the kind
+        it provides), even in a registry built with ``autoload=False``.
+
+        For callers that need a particular installed plugin next to backends they registered by hand
+        (the conformance suite adds the host kind this way) without naming the plugin's module, so any
+        distribution that provides the kind serves. False when no such entry point is installed; an
+        entry point that fails to import is recorded as a failure like any other.
+        """
+        from importlib.metadata import entry_points  # lazy: only when discovery happens
+
+        with self._lock:
+            found = entry_points(group=hookspecs.ENTRY_POINT_GROUP, name=name)
+            for ep in found:
+                self._load_entry(ep)
+            return len(found) > 0
+
+    def _load_entry(self, ep: EntryPoint) -> None:
+        dist = ep.dist.name if ep.dist is not None else None
+        version = ep.dist.version if ep.dist is not None else None
+        if self._pm.get_plugin(ep.name) is not None or self._pm.is_blocked(ep.name):
+            return
+        try:
+            plugin = ep.load()
+        except Exception as exc:  # noqa: BLE001 - import failures are recorded, not raised
+            # The entry point's name is, by convention, the kind it provides.
+            kinds = (ep.name,) if KIND_PATTERN.match(ep.name) else ()
+            self._record(ep.name, dist, version, f"import failed: {type(exc).__name__}: {exc}", kinds=kinds,
+                         exc=exc)
+            return
+        self.register_plugin(plugin, name=ep.name, distribution=dist, version=version)
 
     # -- lookup --------------------------------------------------------------------------------
     def kinds(self) -> list[str]:

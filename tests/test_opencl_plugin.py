@@ -36,7 +36,7 @@ from engine.settings import Settings  # noqa: E402
 PLUGIN_DIR = Path(__file__).resolve().parent.parent / "plugins" / "opencl" / "engine_opencl"
 ALLOWED_ENGINE_MODULES = {"engine", "engine.backend", "engine.backend.contract", "engine.backend.base",
                           "engine.backend.events", "engine.backend.cachefiles", "engine.pointer", "engine.storage",
-                          "engine.device", "engine.errors", "engine.settings"}
+                          "engine.device", "engine.errors", "engine.settings", "engine.hookspecs"}
 #: Symbols and tensor counts of each reference kernel: (inputs, outputs, symbols, workspace).
 SIGNATURES = {"add": (2, 1, ("n",), False), "scale_ws": (1, 1, ("n",), True), "busy": (1, 1, ("n", "iters"), False),
               "mlp_matmul": (2, 1, ("batch",), False), "mlp_bias_relu": (2, 1, ("batch",), False),

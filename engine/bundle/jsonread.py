@@ -12,6 +12,8 @@ import math
 from typing import Any, Callable, TypeVar
 
 from engine.errors import BundleError
+# Re-exported: bundle modules (and tests) import the number helpers from here; they live below expressions.
+from engine.numbers import INT64_MAX, INT64_MIN, MAX_DECIMAL_DIGITS, clip, parse_decimal
 
 __all__ = ["JsonReader", "loads_member", "parse_decimal", "clip", "INT64_MIN", "INT64_MAX", "MAX_DECIMAL_DIGITS"]
 
@@ -19,38 +21,7 @@ T = TypeVar("T")
 
 _TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", bool: "a boolean"}
 
-#: Every integer read from bundle text lies in int64: the range of expression arithmetic (§11.2),
-#: so any integer a writer can put anywhere is also a valid constant, and sizes and indices that
-#: reach C structs never need more than 64 bits.
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-#: Longest run of decimal digits accepted (enough for any int64 magnitude). Python's ``int()`` is
-#: never handed more, so its own digit limit -- a bare ValueError -- cannot be reached.
-MAX_DECIMAL_DIGITS = 19
 _INT_RANGE = "JSON integers must lie in [-2**63, 2**63-1]"
-
-
-def parse_decimal(text: str, *, maximum: int = INT64_MAX) -> int | None:
-    """The value of a plain decimal -- ASCII digits only, at most 19 of them, at most ``maximum`` --
-    else None.
-
-    Every integer the engine reads from bundle text goes through here (JSON numbers, share_map keys,
-    dispatch rows, expression literals), because ``int()`` accepts much more than the format
-    allows: other scripts' digits (``'²'`` and ``'１'`` pass ``str.isdigit``), underscores
-    (``'1_0'``), signs and surrounding whitespace, and it raises a bare ValueError past 4300 digits.
-    """
-    # Among ASCII characters exactly 0-9 are digits; isascii() first shuts out every other script.
-    if not (0 < len(text) <= MAX_DECIMAL_DIGITS and text.isascii() and text.isdigit()):
-        return None
-    value = int(text)
-    return value if value <= maximum else None
-
-
-def clip(text: str, limit: int = 40) -> str:
-    """``repr(text)`` cut to about ``limit`` characters with the full length noted: untrusted text
-    (a 5,000-digit number, a line of a table) goes into one-line messages of bounded size."""
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 class _Refused:

@@ -11,7 +11,7 @@ else the fused native call(s).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from engine.backend import BackendBase, Replayable
 from engine.errors import InputError, OutOfMemoryError, Unsupported
@@ -23,10 +23,20 @@ from engine.runtime.workspace import Workspace
 from engine.storage import Storage, close_all
 from engine.tensor import Tensor
 
-if TYPE_CHECKING:
-    from engine.runtime.compiled_graph import CompiledGraph
+__all__ = ["CapturedGraph", "capture_graph", "KeyTuner"]
 
-__all__ = ["CapturedGraph", "capture_graph"]
+
+class KeyTuner(Protocol):
+    """What a capture needs of the graph it captures beyond its ``GraphRuntime``: a run that tunes
+    the key of its inputs (or applies the dispatch policy), and the candidates chosen for a key.
+
+    ``CompiledGraph`` is one; naming only these two methods keeps this module below the facade, so
+    that ``compiled_graph`` imports ``capture`` and not the other way round.
+    """
+
+    def run_async(self, inputs: Sequence[Any]) -> object: ...
+
+    def choice_for(self, key: tuple[int, ...]) -> list[int | None]: ...
 
 
 class CapturedGraph:
@@ -161,13 +171,15 @@ def _closed(stream: Any = None) -> None:
     raise InputError("this captured graph was closed")
 
 
-def capture_graph(graph: "CompiledGraph", example_inputs: Sequence[Any]) -> CapturedGraph:
-    graph.run_async(example_inputs)  # tunes (or applies the policy to) this key first
-    runtime = graph.runtime
+def capture_graph(tuner: KeyTuner, runtime: GraphRuntime, symbols: Sequence[str],
+                  example_inputs: Sequence[Any]) -> CapturedGraph:
+    """Capture the run of ``runtime`` at the key of ``example_inputs`` (``symbols`` name the key's
+    entries); ``tuner`` runs them first, so the key is tuned, and gives its candidate choices."""
+    tuner.run_async(example_inputs)  # tunes (or applies the policy to) this key first
     devices = runtime.devices
     ptrs, _, key = runtime.binder.bind(example_inputs)
     plan = runtime.key_plan(key)
-    choices = graph.choice_for(key)
+    choices = tuner.choice_for(key)
     streams = devices.current_streams()
     backends, index = devices.backends, devices.index
 
@@ -221,7 +233,7 @@ def capture_graph(graph: "CompiledGraph", example_inputs: Sequence[Any]) -> Capt
         return Binding(replay, method, recorded, [run, weights], version)
 
     keep: list[Any] = [workspaces, out_storages]
-    captured = CapturedGraph(runtime, graph.meta.symbols, key, inputs, outputs, bind, streams, keep)
+    captured = CapturedGraph(runtime, symbols, key, inputs, outputs, bind, streams, keep)
     # Recording runs nothing (a CUDA graph capture only records): one replay, so that the outputs
     # hold the example inputs' results whichever way the launches were captured.
     captured.replay()

@@ -467,7 +467,7 @@ class CompiledGraph:
         """
         from engine.runtime.capture import capture_graph
 
-        return capture_graph(self, example_inputs)
+        return capture_graph(self, self._runtime, self.meta.symbols, example_inputs)
 
     def cuda_graph(self, *example_inputs: Any) -> "CapturedGraph":
         """The reference runtime's name for ``capture`` on CUDA devices."""
@@ -560,7 +560,7 @@ class CompiledGraph:
 
     def __str__(self) -> str:
         from engine.runtime.report import graph_table
-        return graph_table(self)
+        return graph_table(self._runtime, self._dispatcher.table)
 
     def __repr__(self) -> str:
         m = self.meta

@@ -1,13 +1,17 @@
-"""Human-readable views of a graph: the ``str(graph)`` table and the memory report."""
+"""Human-readable views of a graph: the ``str(graph)`` table and the memory report.
+
+Both read the graph's ``GraphRuntime`` (contents, tasks, weights, devices, plans) and nothing of
+``CompiledGraph``: the facade hands them what they show, so this module sits below it and
+``compiled_graph`` is the only one of the two that imports the other.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Sized
 
 import attrs
 
 if TYPE_CHECKING:
-    from engine.runtime.compiled_graph import CompiledGraph
     from engine.runtime.runtime import GraphRuntime
 
 __all__ = ["graph_table", "memory_report", "SlotMemory", "MemoryReport", "format_bytes", "format_ms"]
@@ -40,8 +44,12 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def graph_table(graph: "CompiledGraph") -> str:
-    meta = graph.meta
+def graph_table(runtime: "GraphRuntime", dispatch_table: Sized) -> str:
+    """The ``str(graph)`` table: signatures, weights, kernels, symbols, the dispatch table's size and
+    devices. The dispatch table is passed apart because it belongs to the graph's dispatcher, not to
+    its runtime; only its number of keys is shown."""
+    contents = runtime.contents
+    meta = contents.meta
     rows = []
     in_names = meta.input_names or tuple(f"input_{i}" for i in range(len(meta.inputs)))
     out_names = meta.output_names or tuple(f"output_{i}" for i in range(len(meta.outputs)))
@@ -49,20 +57,20 @@ def graph_table(graph: "CompiledGraph") -> str:
         rows.append(["input", name, sig.dtype.name, sig.shape_str(), sig.device])
     for name, sig in zip(out_names, meta.outputs):
         rows.append(["output", name, sig.dtype.name, sig.shape_str(), sig.device])
-    weights = graph.weights
-    entries = graph.runtime.contents.weight_entries or ()
+    weights = runtime.weights
+    entries = contents.weight_entries or ()
     n_params = sum(_prod(e.shape) for e in entries)
     total = sum(e.nbytes for e in entries)
     status = "not loaded (call set_weights)" if weights is None else "loaded"
     lines = [
         _table(["kind", "name", "dtype", "shape", "device"], rows),
         "",
-        f"weights: {len(graph.graph_execution.weights_index)} tensors, {format_bytes(total)}, {status}",
+        f"weights: {len(contents.execution.weights_index)} tensors, {format_bytes(total)}, {status}",
         f"parameters: {n_params:,}",
-        f"kernels: {meta.num_kernels} ({sum(len(t.candidates) for t in graph.compiled_tasks)} candidates), "
-        f"instructions: {len(graph.graph_execution.instructions)}",
-        f"symbols: {', '.join(meta.symbols) or '(static)'}; dispatch table: {len(graph.dispatch_table)} keys",
-        f"devices: {', '.join(str(d) for d in graph.devices.values())}",
+        f"kernels: {meta.num_kernels} ({sum(len(t.candidates) for t in runtime.tasks)} candidates), "
+        f"instructions: {len(contents.execution.instructions)}",
+        f"symbols: {', '.join(meta.symbols) or '(static)'}; dispatch table: {len(dispatch_table)} keys",
+        f"devices: {', '.join(str(d) for d in runtime.devices.devices.values())}",
     ]
     return "\n".join(lines)
 

@@ -6,8 +6,9 @@ Load it with ``-p engine.testing.plugin`` (``python -m engine.testing`` does) an
   ``ENGINE_CACHE_DIR`` and the rest of the environment apply as in any program);
 * ``--engine-backend MODULE:FACTORY``: ``FACTORY()`` returns a ``BackendBase``; it is registered in
   a private ``Registry(Settings(cache_dir=<tmp>), autoload=False)`` together with the installed
-  CPU plugin when there is one (graph tests may need host kinds). Handy for a backend under
-  development, and for testing the suite itself on deliberately broken backends;
+  plugin of the ``cpu`` kind, found by its entry point, when there is one (graph tests may need host
+  kinds). Handy for a backend under development, and for testing the suite itself on deliberately
+  broken backends;
 * ``--engine-device-index N`` (default 0); ``--engine-report PATH`` writes per-rule results as JSON.
 
 Fixtures: ``registry``, ``backend`` (available, else every test that needs a device is skipped
@@ -208,12 +209,9 @@ def _private_registry(spec: str, factory: Any, cache_dir: Path, device_index: in
     registry.register_backend(backend, distribution=spec)
     kind = getattr(backend, "kind", None)
     if kind != "cpu":
-        try:
-            import engine_cpu.plugin as cpu_plugin
-        except ImportError:
-            pass  # no CPU plugin installed: graphs of this kind alone still run
-        else:
-            registry.register_plugin(cpu_plugin, name="cpu", distribution="engine-cpu")
+        # Whatever installed distribution provides the host kind, through its entry point; when none
+        # is installed, graphs of this kind alone still run.
+        registry.load_entry_point("cpu")
     return Target(f"backend {spec}", kind if isinstance(kind, str) else None, device_index, registry)
 
 

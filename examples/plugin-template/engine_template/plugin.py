@@ -7,7 +7,7 @@ be used.
 
 from __future__ import annotations
 
-import engine
+from engine.hookspecs import hookimpl
 from engine.settings import Settings
 
 from engine_template.backend import TemplateBackend
@@ -15,6 +15,6 @@ from engine_template.backend import TemplateBackend
 __all__ = ["engine_backends"]
 
 
-@engine.hookimpl
+@hookimpl
 def engine_backends(settings: Settings) -> list[TemplateBackend]:
     return [TemplateBackend(cache_dir=settings.cache_dir)]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import attrs
 import numpy as np
 
-from engine_cpu.libraries import link_directives
+from engine_cpu import link_directives
 
 from engine_onnx.errors import NodeUnsupported
 

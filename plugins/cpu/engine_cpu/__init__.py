@@ -4,6 +4,12 @@ C kernels (``c-source``) are compiled with the system compiler and shared object
 are loaded with ctypes; see ``backend.CpuBackend`` for how the allocator, compiler and program
 roles fit together, and DESIGN §4 for the kernel ABI. Kernels may link libraries shipped in
 wheels (OpenBLAS from ``scipy-openblas32``) by name: ``libraries`` and docs/cpu.md.
+
+The names in ``__all__`` are the plugin's public surface: other distributions (the ONNX importer's
+code generator and its BLAS candidate) import them from here, never from the submodules, so the
+modules can be rearranged without breaking them. ``link_directives`` reads a source's
+``// engine-cpu: link NAME`` lines; ``LibraryRegistry`` locates a named library and raises
+``LibraryUnavailableError`` when it is not installed.
 """
 
 from engine_cpu.backend import NUM_THREADS_ENV, CpuBackend
@@ -12,7 +18,7 @@ from engine_cpu.fused import CpuFusedLaunch
 from engine_cpu.host import host_target
 from engine_cpu.kernel import CpuKernel, CpuPreparedLaunch
 from engine_cpu.libraries import (LibraryProvider, LibraryRegistry, LibraryUnavailableError, LinkedLibrary,
-                                  UnknownLibraryError, WheelConventionProvider)
+                                  UnknownLibraryError, WheelConventionProvider, link_directives)
 from engine_cpu.program import Library, ProgramLoader
 
 __all__ = [
@@ -32,4 +38,5 @@ __all__ = [
     "LinkedLibrary",
     "UnknownLibraryError",
     "WheelConventionProvider",
+    "link_directives",
 ]

@@ -6,7 +6,7 @@ the registry's settings; nothing is compiled or loaded until a kernel asks for i
 
 from __future__ import annotations
 
-import engine
+from engine.hookspecs import hookimpl
 from engine.settings import Settings
 
 from engine_cpu.backend import CpuBackend
@@ -14,6 +14,6 @@ from engine_cpu.backend import CpuBackend
 __all__ = ["engine_backends"]
 
 
-@engine.hookimpl
+@hookimpl
 def engine_backends(settings: Settings) -> list[CpuBackend]:
     return [CpuBackend(cache_dir=settings.cache_dir)]

@@ -8,8 +8,8 @@ makes the plugin fail to register, which ``engine devices`` shows with the cause
 
 from __future__ import annotations
 
-import engine
 from engine.backend.gpu.settings import GpuPluginSettings
+from engine.hookspecs import hookimpl
 from engine.settings import Settings
 
 from engine_cuda.backend import CudaBackend
@@ -23,7 +23,7 @@ SYNC_ENV, STREAM_SOURCES_ENV = GpuPluginSettings.variables("cuda")
 DEFAULT_STREAM_SOURCES = "torch,cupy"
 
 
-@engine.hookimpl
+@hookimpl
 def engine_backends(settings: Settings) -> list[CudaBackend]:
     own = GpuPluginSettings.from_env("cuda", SOURCES, DEFAULT_STREAM_SOURCES)
     return [CudaBackend(settings.cache_dir, debug=own.debug, stream_sources=own.stream_sources)]

@@ -8,8 +8,8 @@ makes the plugin fail to register, which ``engine devices`` shows with the cause
 
 from __future__ import annotations
 
-import engine
 from engine.backend.gpu.settings import GpuPluginSettings
+from engine.hookspecs import hookimpl
 from engine.settings import Settings
 
 from engine_hip.backend import HipBackend
@@ -23,7 +23,7 @@ SYNC_ENV, STREAM_SOURCES_ENV = GpuPluginSettings.variables("hip")
 DEFAULT_STREAM_SOURCES = "torch"
 
 
-@engine.hookimpl
+@hookimpl
 def engine_backends(settings: Settings) -> list[HipBackend]:
     own = GpuPluginSettings.from_env("hip", SOURCES, DEFAULT_STREAM_SOURCES)
     return [HipBackend(settings.cache_dir, debug=own.debug, stream_sources=own.stream_sources)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-import engine
+from engine.hookspecs import hookimpl
 from engine.settings import Settings
 
 from engine_opencl.backend import OpenCLBackend
@@ -33,7 +33,7 @@ def _positive(env: Mapping[str, str], name: str) -> int | None:
     return int(raw)
 
 
-@engine.hookimpl
+@hookimpl
 def engine_backends(settings: Settings) -> list[OpenCLBackend]:
     env = os.environ
     alignment = _positive(env, ALIGNMENT_ENV)

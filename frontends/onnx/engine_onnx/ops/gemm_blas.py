@@ -99,8 +99,7 @@ static void gemm_blas(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
 
 def blas_available() -> str | None:
     """``None`` when the BLAS candidate can be built and loaded here, else why not (with the fix)."""
-    from engine_cpu import LibraryRegistry
-    from engine_cpu.libraries import LibraryUnavailableError
+    from engine_cpu import LibraryRegistry, LibraryUnavailableError
 
     try:
         LibraryRegistry().locate(GEMM_BLAS_LIBRARY, "the BLAS GEMM candidate")
