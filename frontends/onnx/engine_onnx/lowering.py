@@ -38,6 +38,7 @@ from engine_onnx.batch_flow import BatchFlow, refused_outputs, shape_text
 from engine_onnx.codegen import KernelSpec, cpu_options
 from engine_onnx.concat_slices import ConcatFill, ConcatSlice, ConcatSlices
 from engine_onnx.dims import Dim, DimError, Mono, dim_expr, dims_product
+from engine_onnx.dtypes import ONNX_DTYPES, onnx_dtype
 from engine_onnx.errors import (ModelLoadError, NodeUnsupported, PinSymbol, SymbolPin, SymbolPinnedWarning,
                                 UnsupportedModelError, UnsupportedNode)
 from engine_onnx.gpu import GPU_KINDS, GpuKernelSpec, render
@@ -86,20 +87,6 @@ def sanitize_symbol(name: str) -> str:
     if s[0].isdigit():
         s = "d_" + s
     return s + "_" if s in ("ceil_div", "min", "max") else s
-
-
-_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
-           onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.INT8: "int8", onnx.TensorProto.INT16: "int16",
-           onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.UINT8: "uint8",
-           onnx.TensorProto.UINT16: "uint16", onnx.TensorProto.UINT32: "uint32",
-           onnx.TensorProto.UINT64: "uint64", onnx.TensorProto.BOOL: "bool"}
-
-
-def onnx_dtype(elem_type: int) -> np.dtype:
-    try:
-        return np.dtype(_DTYPES[elem_type])
-    except KeyError:
-        raise NodeUnsupported(f"element type {onnx.TensorProto.DataType.Name(elem_type)} is not supported") from None
 
 
 class Lowering:
@@ -568,7 +555,7 @@ def _initializer_array(init: onnx.TensorProto) -> np.ndarray:
     """An initializer's array; raw little-endian data is viewed in place, not copied."""
     if init.data_location == onnx.TensorProto.EXTERNAL:
         return numpy_helper.to_array(init)
-    if init.raw_data and init.data_type in _DTYPES and init.data_type != onnx.TensorProto.BOOL:
-        dtype = np.dtype(_DTYPES[init.data_type]).newbyteorder("<")
+    if init.raw_data and init.data_type in ONNX_DTYPES and init.data_type != onnx.TensorProto.BOOL:
+        dtype = np.dtype(ONNX_DTYPES[init.data_type]).newbyteorder("<")
         return np.frombuffer(init.raw_data, dtype=dtype).reshape(tuple(init.dims))
     return numpy_helper.to_array(init)
