@@ -41,8 +41,12 @@ from engine_onnx.dims import Dim, DimError, Mono, dim_expr, dims_product
 from engine_onnx.dtypes import ONNX_DTYPES, onnx_dtype
 from engine_onnx.errors import (ModelLoadError, NodeUnsupported, PinSymbol, SymbolPin, SymbolPinnedWarning,
                                 UnsupportedModelError, UnsupportedNode)
+from engine_onnx.folding import try_fold
 from engine_onnx.gpu import GPU_KINDS, GpuKernelSpec, render
 from engine_onnx.model import older_definition
+from engine_onnx.ops import handler_for
+from engine_onnx.ops.elementwise import unary_expression
+from engine_onnx.ops.shape import emit_constant, emit_copy
 
 __all__ = ["Lowering", "Operand", "Ref", "Deferred", "sanitize_symbol", "lower"]
 
@@ -357,8 +361,6 @@ class Lowering:
         """Unary activations that only consume ``node``'s first output (or ``start``), fused into its
         kernel. Returns the composed C expression builder and the ONNX name the fused kernel produces.
         """
-        from engine_onnx.ops.elementwise import unary_expression
-
         current = start or node.output[0]
         chain: list[Callable[[str], str]] = []
         while current not in self.outputs:
@@ -447,9 +449,6 @@ class Lowering:
 
     def _lower(self, node: onnx.NodeProto) -> None:
         """Folds, skips (fused) or lowers one node; an unsupported one is recorded and poisons its outputs."""
-        from engine_onnx.folding import try_fold
-        from engine_onnx.ops import handler_for
-
         if id(node) in self._fused:
             return
         if any(n in self.poisoned for n in node.input if n):
@@ -469,8 +468,6 @@ class Lowering:
             self.poisoned.update(o for o in node.output if o)
 
     def _finish_outputs(self) -> None:
-        from engine_onnx.ops.shape import emit_constant, emit_copy
-
         seen: set[Ref] = set()
         self.output_operands: list[tuple[str, Operand]] = []
         for name in self.outputs:

@@ -1,7 +1,7 @@
 """GPU kernels for elementwise groups and data movement (``engine_onnx.gpu`` dialect).
 
 One thread per output element: the thread splits its flat index into the coordinates of the merged
-loop nest the CPU kernels use (``elementwise.loop_nest``, ``shape.strided_copy_source``'s axis
+loop nest the CPU kernels use (``kernel_exprs.loop_nest``, ``shape.strided_copy_source``'s axis
 merging) and reads each input at its own strides. These are the straightforward candidates; they
 are memory-bound, so the index arithmetic is not what limits them.
 """
