@@ -38,10 +38,15 @@ from engine_onnx.batch_flow import BatchFlow, refused_outputs, shape_text
 from engine_onnx.codegen import KernelSpec, cpu_options
 from engine_onnx.concat_slices import ConcatFill, ConcatSlice, ConcatSlices
 from engine_onnx.dims import Dim, DimError, Mono, dim_expr, dims_product
+from engine_onnx.dtypes import ONNX_DTYPES, onnx_dtype
 from engine_onnx.errors import (ModelLoadError, NodeUnsupported, PinSymbol, SymbolPin, SymbolPinnedWarning,
                                 UnsupportedModelError, UnsupportedNode)
+from engine_onnx.folding import try_fold
 from engine_onnx.gpu import GPU_KINDS, GpuKernelSpec, render
 from engine_onnx.model import older_definition
+from engine_onnx.ops import handler_for
+from engine_onnx.ops.elementwise import unary_expression
+from engine_onnx.ops.shape import emit_constant, emit_copy
 
 __all__ = ["Lowering", "Operand", "Ref", "Deferred", "sanitize_symbol", "lower"]
 
@@ -86,20 +91,6 @@ def sanitize_symbol(name: str) -> str:
     if s[0].isdigit():
         s = "d_" + s
     return s + "_" if s in ("ceil_div", "min", "max") else s
-
-
-_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
-           onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.INT8: "int8", onnx.TensorProto.INT16: "int16",
-           onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.UINT8: "uint8",
-           onnx.TensorProto.UINT16: "uint16", onnx.TensorProto.UINT32: "uint32",
-           onnx.TensorProto.UINT64: "uint64", onnx.TensorProto.BOOL: "bool"}
-
-
-def onnx_dtype(elem_type: int) -> np.dtype:
-    try:
-        return np.dtype(_DTYPES[elem_type])
-    except KeyError:
-        raise NodeUnsupported(f"element type {onnx.TensorProto.DataType.Name(elem_type)} is not supported") from None
 
 
 class Lowering:
@@ -370,8 +361,6 @@ class Lowering:
         """Unary activations that only consume ``node``'s first output (or ``start``), fused into its
         kernel. Returns the composed C expression builder and the ONNX name the fused kernel produces.
         """
-        from engine_onnx.ops.elementwise import unary_expression
-
         current = start or node.output[0]
         chain: list[Callable[[str], str]] = []
         while current not in self.outputs:
@@ -460,9 +449,6 @@ class Lowering:
 
     def _lower(self, node: onnx.NodeProto) -> None:
         """Folds, skips (fused) or lowers one node; an unsupported one is recorded and poisons its outputs."""
-        from engine_onnx.folding import try_fold
-        from engine_onnx.ops import handler_for
-
         if id(node) in self._fused:
             return
         if any(n in self.poisoned for n in node.input if n):
@@ -482,8 +468,6 @@ class Lowering:
             self.poisoned.update(o for o in node.output if o)
 
     def _finish_outputs(self) -> None:
-        from engine_onnx.ops.shape import emit_constant, emit_copy
-
         seen: set[Ref] = set()
         self.output_operands: list[tuple[str, Operand]] = []
         for name in self.outputs:
@@ -568,7 +552,7 @@ def _initializer_array(init: onnx.TensorProto) -> np.ndarray:
     """An initializer's array; raw little-endian data is viewed in place, not copied."""
     if init.data_location == onnx.TensorProto.EXTERNAL:
         return numpy_helper.to_array(init)
-    if init.raw_data and init.data_type in _DTYPES and init.data_type != onnx.TensorProto.BOOL:
-        dtype = np.dtype(_DTYPES[init.data_type]).newbyteorder("<")
+    if init.raw_data and init.data_type in ONNX_DTYPES and init.data_type != onnx.TensorProto.BOOL:
+        dtype = np.dtype(ONNX_DTYPES[init.data_type]).newbyteorder("<")
         return np.frombuffer(init.raw_data, dtype=dtype).reshape(tuple(init.dims))
     return numpy_helper.to_array(init)

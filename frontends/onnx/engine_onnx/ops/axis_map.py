@@ -21,6 +21,9 @@ import numpy as np
 from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
 from engine_onnx.dims import Dim, Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
+from engine_onnx.ops.context import LoweringContext
+from engine_onnx.ops.gpu_indexing import axis_map_kernel
+from engine_onnx.ops.kernel_exprs import lit
 
 __all__ = ["axis_map_spec", "emit_axis_map"]
 
@@ -37,16 +40,14 @@ def _check(out_shape: Sequence[Dim], in_shape: Sequence[Dim], tables: Sequence[n
             raise NodeUnsupported(f"a dynamic axis ({k}) that is padded, tiled or resized")
 
 
-def emit_axis_map(ctx, name: str, x: str, output: str, out_shape: Sequence[Dim], in_shape: Sequence[Dim],
-                  tables: Sequence[np.ndarray | None], dtype: np.dtype, fill: float | int = 0) -> None:
+def emit_axis_map(ctx: LoweringContext, name: str, x: str, output: str, out_shape: Sequence[Dim],
+                  in_shape: Sequence[Dim], tables: Sequence[np.ndarray | None], dtype: np.dtype,
+                  fill: float | int = 0) -> None:
     """Emit the axis map reading ``x`` into ``output``: ``axis_map_spec`` on the CPU, on GPU kinds
     ``gpu_indexing.axis_map_kernel`` with the tables as a second (weight) input."""
     if not ctx.gpu:
         ctx.emit(axis_map_spec(name, out_shape, in_shape, tables, dtype, fill), [x], [(output, dtype, out_shape)])
         return
-    from engine_onnx.ops.elementwise import lit
-    from engine_onnx.ops.gpu_indexing import axis_map_kernel
-
     _check(out_shape, in_shape, tables)
     spec, joined = axis_map_kernel(name, out_shape, in_shape, tables, dtype, lit(fill, dtype))
     inputs = [x] if joined is None else [x, ctx.add_weight(joined, f"{output}.{name}_tables")]
@@ -56,8 +57,6 @@ def emit_axis_map(ctx, name: str, x: str, output: str, out_shape: Sequence[Dim],
 def axis_map_spec(name: str, out_shape: Sequence[Dim], in_shape: Sequence[Dim],
                   tables: Sequence[np.ndarray | None], dtype: np.dtype, fill: float | int = 0) -> KernelSpec:
     """A kernel ``out[o] = in[T_0[o_0], …]`` (or ``fill`` where some ``T_k[o_k] < 0``)."""
-    from engine_onnx.ops.elementwise import lit
-
     rank = len(out_shape)
     _check(out_shape, in_shape, tables)
     t = ctype(dtype)

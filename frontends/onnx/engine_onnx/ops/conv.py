@@ -38,12 +38,18 @@ A 3-D Conv (NCDHW) folds and fuses the same way but has one direct kernel of its
 
 from __future__ import annotations
 
+from typing import Callable
+
+import attrs
 import numpy as np
+import onnx
 
 from engine_onnx.codegen import KernelSpec, kernel_sources, thread_share
-from engine_onnx.dims import Mono, dim_c, symbols_of
+from engine_onnx.dims import Dim, Mono, dim_c, symbols_of
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import register
+from engine_onnx.gpu import GpuKernelSpec
+from engine_onnx.ops.context import LoweringContext
+from engine_onnx.ops.conv_geometry import ConvGeometry, conv_geometry
 from engine_onnx.ops.conv_winograd import (winograd4_eligible, winograd_body, winograd_defs, winograd_eligible,
                                           winograd_helpers, winograd_weight, winograd_workspace)
 from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE, OWN_BINARY_ROUTINES
@@ -52,43 +58,18 @@ from engine_onnx.ops.conv_batch_gemm import (batch_gemm_body, batch_gemm_eligibl
 from engine_onnx.ops.conv_pointwise import pointwise_body
 from engine_onnx.ops.conv_strided import strided_body, strided_eligible
 from engine_onnx.ops.conv_nd import conv_nd_spec
+from engine_onnx.ops.gpu_conv import conv_kernel
+from engine_onnx.ops.gpu_window_nd import conv_nd_kernel
 from engine_onnx.ops.phase_plane import MAX_PLANE_FLOATS, PHASE_PLANE, phase_plane_floats
+from engine_onnx.ops.registry import register
 from engine_onnx.ops.window_nd import Window, window_of
 
-__all__ = ["conv_geometry"]
+__all__ = ["ConvOperands"]
 
 F32 = np.dtype("float32")
 
 
-def conv_geometry(ctx, node, spatial, kernel, *, ceil_mode: bool = False):
-    """(strides, dilations, pads_begin, pads_end, out_spatial) following ONNX's auto_pad rules."""
-    r = len(spatial)
-    strides = list(ctx.attr(node, "strides", [1] * r))
-    dil = list(ctx.attr(node, "dilations", [1] * r))
-    pads = list(ctx.attr(node, "pads", [0] * (2 * r)))
-    auto = ctx.attr(node, "auto_pad", "NOTSET")
-    begin, end = pads[:r], pads[r:]
-    out = []
-    for i in range(r):
-        eff = (kernel[i] - 1) * dil[i] + 1
-        if auto in ("SAME_UPPER", "SAME_LOWER"):
-            o = -(-spatial[i] // strides[i])
-            total = max(0, (o - 1) * strides[i] + eff - spatial[i])
-            small = total // 2
-            begin[i], end[i] = (small, total - small) if auto == "SAME_UPPER" else (total - small, small)
-        elif auto == "VALID":
-            begin[i] = end[i] = 0
-        elif auto != "NOTSET":
-            raise NodeUnsupported(f"auto_pad={auto!r}")
-        span = spatial[i] + begin[i] + end[i] - eff
-        o = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
-        if ceil_mode and (o - 1) * strides[i] >= spatial[i] + begin[i]:
-            o -= 1
-        out.append(o)
-    return strides, dil, begin, end, out
-
-
-def _fold_batchnorm(ctx, out_name: str, w: np.ndarray, b: np.ndarray):
+def _fold_batchnorm(ctx: LoweringContext, out_name: str, w: np.ndarray, b: np.ndarray):
     bn = ctx.sole_consumer(out_name)
     if bn is None or bn.op_type != "BatchNormalization" or bn.input[0] != out_name:
         return w, b, None
@@ -116,7 +97,7 @@ def _channel_vector(k: np.ndarray, oc: int, rank: int) -> np.ndarray | None:
     return np.broadcast_to(k.reshape(-1).astype(np.float64), (oc,))
 
 
-def _fold_channel_affine(ctx, out_name: str, w: np.ndarray, b: np.ndarray, oc: int, rank: int):
+def _fold_channel_affine(ctx: LoweringContext, out_name: str, w: np.ndarray, b: np.ndarray, oc: int, rank: int):
     """Folds the constant per-channel ``Mul``/``Add``/``Sub``/``Div`` nodes that follow (a Caffe
     export's ``Scale`` after its BatchNormalization: Inception-v2's and DenseNet's every Conv) into
     the weights and bias. Returns (w, b, the name of the last folded value or None)."""
@@ -306,39 +287,54 @@ def _depthwise(n, head: str, epilogue_expr: str) -> tuple[str, str]:
     return PHASE_PLANE + _DEPTHWISE.replace("EPILOGUE", epilogue_expr), body
 
 
-def _emit_gpu(ctx, node, x, wn, w, bn_in, b, residual, ep, final, out_shape, c, oc, group, spatial, kernel,
-              strides, dil, pb, out_sp) -> None:
+@attrs.frozen(eq=False)
+class ConvOperands:
+    """The tensors one Conv kernel reads and writes: the input, the weight and bias (their names, and
+    their folded values when known at import), the fused residual ``Add`` (operand name, sum name)
+    and activations (``epilogue``), and the output the kernel writes (``final``, ``out_shape``)."""
+
+    x: str
+    weight_name: str
+    weight: np.ndarray | None
+    bias_name: str | None
+    bias: np.ndarray | None
+    residual: tuple[str, str] | None
+    epilogue: Callable[[str], str]
+    final: str
+    out_shape: list[Dim]
+
+
+def _emit_gpu(ctx: LoweringContext, ops: ConvOperands, geo: ConvGeometry) -> None:
     """The Conv as GPU kernels (``gpu_conv.conv_kernel``), reading the same folded weight matrix,
     bias, residual and epilogue as the CPU candidates (none of their extra weights)."""
-    from engine_onnx.ops.gpu_conv import conv_kernel
+    spec = conv_kernel(geo.batch, geo.channels, geo.out_channels, geo.groups, geo.spatial, geo.kernel, geo.strides,
+                       geo.dilations, geo.pads_begin, geo.out, bool(ops.residual), ops.epilogue)
+    _emit_plain(ctx, spec, ops, geo.out_channels)
 
-    spec = conv_kernel(out_shape[0], c, oc, group, spatial, kernel, strides, dil, pb, out_sp, bool(residual), ep)
-    _emit_plain(ctx, spec, x, wn, w, bn_in, b, oc, residual, final, out_shape)
 
-
-def _emit_nd(ctx, x, wn, w, bn_in, b, residual, ep, final, out_shape, c, oc, group, window: Window) -> None:
+def _emit_nd(ctx: LoweringContext, ops: ConvOperands, c: int, oc: int, group: int, window: Window) -> None:
     """A 3-D Conv: its one direct kernel (``conv_nd``, or ``gpu_window_nd`` on GPU kinds), reading
     the same folded weight matrix, bias, residual and epilogue as the 2-D candidates."""
+    spec: KernelSpec | GpuKernelSpec
     if ctx.gpu:
-        from engine_onnx.ops.gpu_window_nd import conv_nd_kernel
-
-        spec = conv_nd_kernel(out_shape[0], c, oc, group, window, bool(residual), ep)
+        spec = conv_nd_kernel(ops.out_shape[0], c, oc, group, window, bool(ops.residual), ops.epilogue)
     else:
-        spec = conv_nd_spec(out_shape[0], c, oc, group, window, bool(residual), ep)
-    _emit_plain(ctx, spec, x, wn, w, bn_in, b, oc, residual, final, out_shape)
+        spec = conv_nd_spec(ops.out_shape[0], c, oc, group, window, bool(ops.residual), ops.epilogue)
+    _emit_plain(ctx, spec, ops, oc)
 
 
-def _emit_plain(ctx, spec, x, wn, w, bn_in, b, oc, residual, final, out_shape) -> None:
+def _emit_plain(ctx: LoweringContext, spec: KernelSpec | GpuKernelSpec, ops: ConvOperands, oc: int) -> None:
     """Emits ``spec`` over the input, the weight as an ``[OC, CG*taps]`` matrix, the bias and the
     residual (a weight or bias computed at run time read as it is), into its own output tensor."""
+    wn, w, bn_in, b = ops.weight_name, ops.weight, ops.bias_name, ops.bias
     wname = wn if w is None else ctx.add_weight(np.ascontiguousarray(w.reshape(oc, -1), dtype=np.float32), wn)
     bname = bn_in if b is None else ctx.add_weight(np.ascontiguousarray(b, dtype=np.float32), bn_in or wn + ".bias")
-    inputs = [x, wname, bname] + ([residual[0]] if residual else [])
-    ctx.emit(spec, inputs, [(final, F32, out_shape)])
+    inputs = [ops.x, wname, bname] + ([ops.residual[0]] if ops.residual else [])
+    ctx.emit(spec, inputs, [(ops.final, F32, ops.out_shape)])
 
 
 @register("Conv")
-def _conv(ctx, node) -> None:
+def _conv(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     x, wn = node.input[0], node.input[1]
     for n in (x, wn):
         if ctx.dtype(n) != F32:
@@ -373,9 +369,9 @@ def _conv(ctx, node) -> None:
     out_shape = [n, oc] + out_sp
     residual = ctx.take_residual_add(bn_out or node.output[0], F32, out_shape)
     ep, final = ctx.take_epilogue(node, F32, residual[1] if residual else bn_out)
+    operands = ConvOperands(x, wn, w, bn_in, b, residual, ep, final, out_shape)
     if len(spatial) == 3:
-        _emit_nd(ctx, x, wn, w, bn_in, b, residual, ep, final, out_shape, c, oc, group,
-                 window_of(spatial, kernel, strides, dil, pb, pe, out_sp))
+        _emit_nd(ctx, operands, c, oc, group, window_of(spatial, kernel, strides, dil, pb, pe, out_sp))
         return
     if len(spatial) == 1:
         spatial, kernel, strides, dil, pb, out_sp = [1] + spatial, [1] + kernel, [1] + strides, [1] + dil, \
@@ -386,8 +382,7 @@ def _conv(ctx, node) -> None:
     if OH <= 0 or OW <= 0:
         raise NodeUnsupported("empty output")
     if ctx.gpu:
-        _emit_gpu(ctx, node, x, wn, w, bn_in, b, residual, ep, final, out_shape, c, oc, group, [H, W], [KH, KW],
-                  strides, dil, pb, [OH, OW])
+        _emit_gpu(ctx, operands, ConvGeometry(n, c, oc, group, [H, W], [KH, KW], strides, dil, pb, [OH, OW]))
         return
     # Where the output is only a channel Concat's input, the planes go straight into its buffer.
     place = ctx.take_concat_slice(final, F32, out_shape)

@@ -25,19 +25,22 @@ on it instead, so no two threads write the same element.
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from engine_onnx.codegen import KernelSpec, source_with_entries
 from engine_onnx.dims import Mono, dim_c, symbols_of
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import register
+from engine_onnx.ops.context import LoweringContext
 from engine_onnx.ops.gemm_c import GEMM_PREAMBLE
+from engine_onnx.ops.gpu_indexing import convtranspose_kernel
+from engine_onnx.ops.registry import register
 
 __all__ = ["convtranspose_geometry"]
 
 F32 = np.dtype("float32")
 
 
-def convtranspose_geometry(ctx, node, spatial: list[int], kernel: list[int]):
+def convtranspose_geometry(ctx: LoweringContext, node: onnx.NodeProto, spatial: list[int], kernel: list[int]):
     """(strides, dilations, pads_begin, out_spatial) by ONNX's rules for ConvTranspose."""
     r = len(spatial)
     strides = [int(v) for v in ctx.attr(node, "strides", [1] * r)]
@@ -67,7 +70,7 @@ def convtranspose_geometry(ctx, node, spatial: list[int], kernel: list[int]):
 
 
 @register("ConvTranspose")
-def _conv_transpose(ctx, node) -> None:
+def _conv_transpose(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     x, wn = node.input[0], node.input[1]
     bn = node.input[2] if len(node.input) > 2 and node.input[2] else None
     for n in (x, wn) + ((bn,) if bn else ()):
@@ -105,8 +108,6 @@ def _conv_transpose(ctx, node) -> None:
     n = xs[0]
     ep, final = ctx.take_epilogue(node, F32)
     if ctx.gpu:
-        from engine_onnx.ops.gpu_indexing import convtranspose_kernel
-
         spec_gpu = convtranspose_kernel(n, c, group, mg, spatial, kernel, strides, dil, begin, out_sp, ep)
         bias = bn if bn is not None else ctx.add_weight(np.zeros(oc, np.float32), wn + ".bias")
         ctx.emit(spec_gpu, [x, wn, bias], [(final, F32, [n, oc] + out_sp[pad:])])

@@ -25,28 +25,22 @@ from typing import Callable, Sequence
 
 import attrs
 import numpy as np
+import onnx
 
 from engine_onnx.codegen import (PARALLEL_WORK, TRANSCENDENTAL_COST, KernelSpec, ctype, parallel_rows,
                                  source_with_entries)
 from engine_onnx.dims import Dim, dim_c, dims_product, symbols_of
+from engine_onnx.dtypes import onnx_dtype
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import register
+from engine_onnx.ops.context import LoweringContext
+from engine_onnx.ops.gpu_kernels import group_kernel
+from engine_onnx.ops.kernel_exprs import broadcast_shape, lit, loop_nest
+from engine_onnx.ops.registry import register
 from engine_onnx.vecmath import math_preamble
 
-__all__ = ["unary_expression", "broadcast_shape", "emit_elementwise", "lit", "loop_nest", "Group", "Step",
-           "FUSIBLE"]
+__all__ = ["unary_expression", "emit_elementwise", "Group", "Step", "FUSIBLE"]
 
 FLOATS = ("float32", "float64", "float16")
-
-
-def lit(value: float, dtype: np.dtype) -> str:
-    """A C literal of ``value`` in ``dtype``'s C type."""
-    if np.dtype(dtype).kind == "f":
-        v = float(value)
-        text = ("INFINITY" if v == math.inf else "(-INFINITY)" if v == -math.inf else "NAN" if math.isnan(v)
-                else repr(v))
-        return f"(({'float' if np.dtype(dtype).name == 'float16' else ctype(dtype)}){text})"
-    return f"(({ctype(dtype)}){int(value)})"
 
 
 def _float_only(op: str, dtype: np.dtype) -> None:
@@ -54,7 +48,8 @@ def _float_only(op: str, dtype: np.dtype) -> None:
         raise NodeUnsupported(f"{op} on {np.dtype(dtype).name} is not supported (float types only)")
 
 
-def unary_expression(ctx, node, dtype: np.dtype, *, vector_math: bool = False) -> Callable[[str], str] | None:
+def unary_expression(ctx: LoweringContext, node: onnx.NodeProto, dtype: np.dtype, *,
+                     vector_math: bool = False) -> Callable[[str], str] | None:
     """The C expression of a unary elementwise node (a function of the operand's expression), or
     None when ``node`` is not a unary elementwise op. Raises ``NodeUnsupported`` for bad attributes.
     ``vector_math``: float32/float16 ``erf`` and ``exp`` (Exp, Sigmoid, GELU) call the vectorisable
@@ -145,53 +140,6 @@ def unary_expression(ctx, node, dtype: np.dtype, *, vector_math: bool = False) -
 UNARY = ("Relu", "Neg", "Abs", "Clip", "Sign", "Not", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Erf",
          "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh",
          "Softplus", "Softsign", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "HardSwish", "Gelu")
-
-
-def broadcast_shape(shapes: Sequence[Sequence[Dim]]) -> tuple[Dim, ...]:
-    rank = max(len(s) for s in shapes)
-    out: list[Dim] = []
-    for d in range(rank):
-        size: Dim = 1
-        for s in shapes:
-            k = d - (rank - len(s))
-            if k < 0:
-                continue
-            v = s[k]
-            if v == 1:
-                continue
-            if size == 1:
-                size = v
-            elif size != v:
-                raise NodeUnsupported(f"shapes {[list(x) for x in shapes]} do not broadcast (or their dynamic "
-                                      f"dimensions cannot be proved equal)")
-        out.append(size)
-    return tuple(out)
-
-
-def loop_nest(out_shape: Sequence[Dim], in_shapes: Sequence[Sequence[Dim]]) -> tuple[list[Dim], list[list[Dim]]]:
-    """Merged loop sizes and, per input, the stride of each loop (0 where it broadcasts)."""
-    rank = len(out_shape)
-    padded = [[1] * (rank - len(s)) + list(s) for s in in_shapes]
-    groups: list[tuple[Dim, tuple[bool, ...]]] = []
-    for d in range(rank):
-        if out_shape[d] == 1:
-            continue
-        status = tuple(p[d] != 1 for p in padded)
-        if groups and groups[-1][1] == status:
-            groups[-1] = (groups[-1][0] * out_shape[d], status)
-        else:
-            groups.append((out_shape[d], status))
-    sizes = [g[0] for g in groups]
-    strides: list[list[Dim]] = []
-    for j in range(len(in_shapes)):
-        run: Dim = 1
-        st: list[Dim] = [0] * len(groups)
-        for k in range(len(groups) - 1, -1, -1):
-            if groups[k][1][j]:
-                st[k] = run
-                run = run * groups[k][0]
-        strides.append(st)
-    return sizes, strides
 
 
 #: Op types whose handlers go through ``emit_elementwise``: a value whose one consumer is one of
@@ -306,7 +254,7 @@ def group_source(group: Group, leaf_shapes: Sequence[Sequence[Dim]], leaf_types:
     return source_with_entries(math_preamble(row_body) + fn, [("elementwise", body)], symbols)
 
 
-def _extend(ctx, op: str, inputs: Sequence[str], out_shape: Sequence[Dim], out_dtype: np.dtype,
+def _extend(ctx: LoweringContext, op: str, inputs: Sequence[str], out_shape: Sequence[Dim], out_dtype: np.dtype,
             expr: Callable[[list[str]], str], inline: bool) -> Group:
     """The group computing one node: its inputs that are deferred groups of the same shape are
     inlined (their steps come first), every other input is a leaf."""
@@ -334,7 +282,7 @@ def _extend(ctx, op: str, inputs: Sequence[str], out_shape: Sequence[Dim], out_d
     return Group(tuple(leaves), tuple(steps), np.dtype(out_dtype), tuple(out_shape))
 
 
-def _emit_group(ctx, name: str, group: Group) -> None:
+def _emit_group(ctx: LoweringContext, name: str, group: Group) -> None:
     shapes = [ctx.shape(n) for n in group.leaves]
     scalars: dict[int, str] = {}
     for j, n in enumerate(group.leaves):
@@ -342,8 +290,6 @@ def _emit_group(ctx, name: str, group: Group) -> None:
         if v is not None and v.size == 1 and v.dtype.kind in "fiub":
             scalars[j] = lit(v.reshape(()).item(), v.dtype)
     if ctx.gpu:
-        from engine_onnx.ops.gpu_kernels import group_kernel
-
         spec_gpu = group_kernel(group.kernel_name, group.steps, group.dtype, group.shape, shapes,
                                 [ctx.dtype(n) for n in group.leaves], scalars, _held)
         ctx.emit(spec_gpu, [n for j, n in enumerate(group.leaves) if j not in scalars],
@@ -355,13 +301,13 @@ def _emit_group(ctx, name: str, group: Group) -> None:
     ctx.emit(spec, [n for j, n in enumerate(group.leaves) if j not in scalars], [(name, group.dtype, group.shape)])
 
 
-def _joins_consumer(ctx, name: str) -> bool:
+def _joins_consumer(ctx: LoweringContext, name: str) -> bool:
     user = ctx.sole_value_consumer(name)
     return user is not None and user.domain in ("", "ai.onnx") and user.op_type in FUSIBLE
 
 
-def emit_elementwise(ctx, node, inputs: Sequence[str], out_dtype: np.dtype, expr: Callable[[list[str]], str],
-                     *, fuse: bool = True, out_name: str | None = None) -> None:
+def emit_elementwise(ctx: LoweringContext, node: onnx.NodeProto, inputs: Sequence[str], out_dtype: np.dtype,
+                     expr: Callable[[list[str]], str], *, fuse: bool = True, out_name: str | None = None) -> None:
     """Lower one elementwise node (inputs broadcast against each other).
 
     With ``fuse``, inputs that are deferred elementwise groups of the output's shape are computed
@@ -379,7 +325,7 @@ def emit_elementwise(ctx, node, inputs: Sequence[str], out_dtype: np.dtype, expr
 
 
 @register(*UNARY)
-def _unary(ctx, node) -> None:
+def _unary(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     dtype = ctx.dtype(node.input[0])
     fn = unary_expression(ctx, node, dtype, vector_math=not ctx.gpu)
     if fn is None:
@@ -394,7 +340,7 @@ _LOGIC = {"And": "&&", "Or": "||", "Xor": "!="}
 
 
 @register(*_ARITH, *_COMPARE, *_LOGIC, "Pow", "Mod", "PRelu", "BitwiseAnd", "BitwiseOr", "BitwiseXor")
-def _binary(ctx, node) -> None:
+def _binary(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     op = node.op_type
     a_dt = ctx.dtype(node.input[0])
     t = ctype(a_dt)
@@ -430,7 +376,7 @@ def _binary(ctx, node) -> None:
 
 
 @register("Sum", "Max", "Min", "Mean")
-def _variadic(ctx, node) -> None:
+def _variadic(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     names = [n for n in node.input if n]
     dt = ctx.dtype(names[0])
     op = node.op_type
@@ -452,15 +398,13 @@ def _variadic(ctx, node) -> None:
 
 
 @register("Where")
-def _where(ctx, node) -> None:
+def _where(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     dt = ctx.dtype(node.input[1])
     emit_elementwise(ctx, node, node.input[:3], dt, lambda a: f"{a[0]} ? {a[1]} : {a[2]}")
 
 
 @register("Cast")
-def _cast(ctx, node) -> None:
-    from engine_onnx.lowering import onnx_dtype
-
+def _cast(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     to = onnx_dtype(ctx.attr(node, "to"))
     src = ctx.dtype(node.input[0])
     ctype(src)
@@ -475,7 +419,7 @@ def _cast(ctx, node) -> None:
 
 
 @register("CastLike")
-def _cast_like(ctx, node) -> None:
+def _cast_like(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     to = ctx.dtype(node.input[1])
     expr = (lambda a: f"{a[0]} != 0") if to == np.dtype(bool) else (lambda a: a[0])
     emit_elementwise(ctx, node, [node.input[0]], to, expr)

@@ -8,6 +8,8 @@ picked when the library loads, so the bundle stays portable while using the host
 Both compute ``C[M, N] = A[M, K] @ B[K, N]`` (row-major, leading dimensions given).
 """
 
+from engine_onnx.ops.gemm_blas import GEMM_BLAS_PREAMBLE, blas_available
+
 GEMM_PREAMBLE = r"""
 #ifndef ENGINE_ONNX_GEMM
 #define ENGINE_ONNX_GEMM
@@ -256,14 +258,10 @@ static void gemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t
 """
 
 def _blas_ready() -> bool:
-    from engine_onnx.ops.gemm_blas import blas_available
-
     return blas_available() is None  # the wheel is installed where the model is converted
 
 
 def _own_binary_routines() -> dict[str, str]:
-    from engine_onnx.ops.gemm_blas import GEMM_BLAS_PREAMBLE
-
     return {"gemm_blas": GEMM_BLAS_PREAMBLE} if _blas_ready() else {}
 
 

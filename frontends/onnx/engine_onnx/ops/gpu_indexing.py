@@ -19,7 +19,7 @@ import numpy as np
 
 from engine_onnx.dims import Dim, dims_product, symbols_of
 from engine_onnx.gpu import GpuKernelSpec, gdim, gpu_ctype, launch_1d, params
-from engine_onnx.ops.gpu_kernels import coordinates
+from engine_onnx.ops.kernel_exprs import coordinates
 
 __all__ = ["axis_map_kernel", "taps_kernel", "arg_kernel", "topk_kernel", "convtranspose_kernel"]
 

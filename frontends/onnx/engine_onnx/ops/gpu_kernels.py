@@ -1,7 +1,7 @@
 """GPU kernels for elementwise groups and data movement (``engine_onnx.gpu`` dialect).
 
 One thread per output element: the thread splits its flat index into the coordinates of the merged
-loop nest the CPU kernels use (``elementwise.loop_nest``, ``shape.strided_copy_source``'s axis
+loop nest the CPU kernels use (``kernel_exprs.loop_nest``, ``shape.strided_copy_source``'s axis
 merging) and reads each input at its own strides. These are the straightforward candidates; they
 are memory-bound, so the index arithmetic is not what limits them.
 """
@@ -14,25 +14,10 @@ import numpy as np
 
 from engine_onnx.dims import Dim, dims_product, merge_axes, symbols_of
 from engine_onnx.gpu import GpuKernelSpec, gdim, gpu_ctype, launch_1d, params
+from engine_onnx.ops.kernel_exprs import coordinates, loop_nest, offset
 
-__all__ = ["coordinates", "offset", "group_kernel", "strided_copy_kernel", "copy_kernel", "fill_kernel",
+__all__ = ["group_kernel", "strided_copy_kernel", "copy_kernel", "fill_kernel",
            "concat_kernel", "split_kernel", "gather_kernel"]
-
-
-def coordinates(sizes: Sequence[Dim], flat: str = "i") -> str:
-    """Statements defining ``c0…`` (outermost first) from the flat row-major index ``flat``."""
-    if not sizes:
-        return ""
-    lines = [f"    int64_t rest = {flat};"]
-    for k in range(len(sizes) - 1, 0, -1):
-        lines.append(f"    const int64_t c{k} = rest % {gdim(sizes[k])}; rest /= {gdim(sizes[k])};")
-    lines.append("    const int64_t c0 = rest;")
-    return "\n".join(lines) + "\n"
-
-
-def offset(strides: Sequence[Dim]) -> str:
-    """The element offset ``sum(c_k * strides[k])`` (``0`` when every stride is 0)."""
-    return " + ".join(f"c{k} * {gdim(s)}" for k, s in enumerate(strides) if s != 0) or "0"
 
 
 def _kernel(name: str, entry: str, ins: Sequence[str], outs: Sequence[str], symbols: Sequence[str],
@@ -47,8 +32,6 @@ def group_kernel(name: str, steps, out_dtype: np.dtype, out_shape: Sequence[Dim]
     """An elementwise group (``elementwise.Group``'s steps) as one thread per output element;
     ``scalars`` maps a leaf position to a literal used instead of reading a tensor, ``held(dtype,
     value)`` gives an intermediate's C type and initialiser."""
-    from engine_onnx.ops.elementwise import loop_nest
-
     sizes, strides = loop_nest(out_shape, leaf_shapes)
     tensor_leaves = [j for j in range(len(leaf_shapes)) if j not in scalars]
     symbols = symbols_of([*out_shape, *[d for s in leaf_shapes for d in s]])

@@ -22,8 +22,7 @@ import numpy as np
 
 from engine_onnx.dims import Dim, Mono, dim_expr, dims_product, symbols_of
 from engine_onnx.gpu import GpuKernelSpec, gdim, launch_1d, params
-from engine_onnx.ops.elementwise import lit, loop_nest
-from engine_onnx.ops.gpu_kernels import coordinates, offset
+from engine_onnx.ops.kernel_exprs import coordinates, lit, loop_nest, offset
 
 __all__ = ["MatmulLayout", "matmul_kernel", "TILE"]
 

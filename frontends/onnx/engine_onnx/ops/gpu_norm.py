@@ -17,8 +17,7 @@ import numpy as np
 
 from engine_onnx.dims import Dim, Mono, dims_product, symbols_of
 from engine_onnx.gpu import GpuKernelSpec, gdim, gpu_ctype, launch_1d, launch_groups, params
-from engine_onnx.ops.elementwise import lit
-from engine_onnx.ops.gpu_kernels import coordinates, offset
+from engine_onnx.ops.kernel_exprs import coordinates, lit, offset
 
 __all__ = ["block_reduce", "softmax_kernel", "layernorm_kernel", "instancenorm_kernel", "batchnorm_kernel",
            "reduce_kernel"]

@@ -14,11 +14,14 @@ TopK with its best ``k`` in per-thread arrays (so ``k`` is bounded there).
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
 from engine_onnx.dims import Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import register
+from engine_onnx.ops.context import LoweringContext
+from engine_onnx.ops.gpu_indexing import TOPK_MAX_K, arg_kernel, topk_kernel
+from engine_onnx.ops.registry import register
 
 I64 = np.dtype("int64")
 
@@ -29,7 +32,7 @@ def _numeric(node, dt: np.dtype) -> None:
 
 
 @register("ArgMax", "ArgMin")
-def _arg(ctx, node) -> None:
+def _arg(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     x = node.input[0]
     dt = ctx.dtype(x)
     _numeric(node, dt)
@@ -44,8 +47,6 @@ def _arg(ctx, node) -> None:
     cmp = (">" if node.op_type == "ArgMax" else "<") + ("=" if last else "")
     out = [1 if i == axis else d for i, d in enumerate(xs)] if keep else [d for i, d in enumerate(xs) if i != axis]
     if ctx.gpu:
-        from engine_onnx.ops.gpu_indexing import arg_kernel
-
         ctx.emit(arg_kernel(node.op_type.lower(), xs, axis, dt, cmp), [x], [(node.output[0], I64, out)])
         return
     load = "(float)x[j * I]" if dt.name == "float16" else "x[j * I]"
@@ -68,7 +69,7 @@ def _arg(ctx, node) -> None:
 
 
 @register("TopK")
-def _topk(ctx, node) -> None:
+def _topk(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     x = node.input[0]
     dt = ctx.dtype(x)
     _numeric(node, dt)
@@ -89,8 +90,6 @@ def _topk(ctx, node) -> None:
     outs.append((node.output[1] if len(node.output) > 1 and node.output[1] else f"{node.output[0]}#indices",
                  I64, out))
     if ctx.gpu:
-        from engine_onnx.ops.gpu_indexing import TOPK_MAX_K, topk_kernel
-
         if not 0 < k <= TOPK_MAX_K:
             raise NodeUnsupported(f"TopK with k={k} on GPU kinds (1 to {TOPK_MAX_K}: each thread keeps its "
                                   f"top k in registers)")

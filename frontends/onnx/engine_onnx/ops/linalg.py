@@ -12,13 +12,16 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
+import onnx
 
 from engine_onnx.codegen import KernelSpec, kernel_sources
 from engine_onnx.dims import Dim, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import gpu_linalg, register
-from engine_onnx.ops.elementwise import broadcast_shape, lit, loop_nest
+from engine_onnx.ops import gpu_linalg
+from engine_onnx.ops.context import LoweringContext
 from engine_onnx.ops.gemm_c import GEMM_CANDIDATES, GEMM_PREAMBLE, OWN_BINARY_ROUTINES
+from engine_onnx.ops.kernel_exprs import broadcast_shape, lit, loop_nest
+from engine_onnx.ops.registry import register
 from engine_onnx.ops.shape import strided_copy_source
 
 __all__ = ["matmul_source"]
@@ -70,13 +73,13 @@ def matmul_source(batch: Sequence[Dim], a_batch: Sequence[Dim], b_batch: Sequenc
     return kernel_sources(GEMM_PREAMBLE, bodies, syms, OWN_BINARY_ROUTINES)
 
 
-def _require_f32(ctx, names: Sequence[str], op: str) -> None:
+def _require_f32(ctx: LoweringContext, names: Sequence[str], op: str) -> None:
     for n in names:
         if ctx.dtype(n) != F32:
             raise NodeUnsupported(f"{op} on {ctx.dtype(n).name} (float32 only)")
 
 
-def _transpose_2d(ctx, name: str) -> str:
+def _transpose_2d(ctx: LoweringContext, name: str) -> str:
     """``name`` transposed: at import for a constant, else by a copy kernel."""
     v = ctx.const(name)
     if v is not None:
@@ -89,7 +92,7 @@ def _transpose_2d(ctx, name: str) -> str:
 
 
 @register("MatMul")
-def _matmul(ctx, node) -> None:
+def _matmul(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     a, b = node.input[0], node.input[1]
     _require_f32(ctx, [a, b], "MatMul")
     sa, sb = list(ctx.shape(a)), list(ctx.shape(b))
@@ -120,7 +123,7 @@ def _matmul(ctx, node) -> None:
 
 
 @register("Gemm")
-def _gemm(ctx, node) -> None:
+def _gemm(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     a, b = node.input[0], node.input[1]
     c = node.input[2] if len(node.input) > 2 and node.input[2] else None
     _require_f32(ctx, [a, b] + ([c] if c else []), "Gemm")
@@ -156,7 +159,7 @@ def _gemm(ctx, node) -> None:
     ctx.emit(spec, [a, b] + ([c] if c else []), [(final, F32, [m, n])])
 
 
-def _gemm_gpu(ctx, node, a: str, b: str, c: str | None) -> None:
+def _gemm_gpu(ctx: LoweringContext, node: onnx.NodeProto, a: str, b: str, c: str | None) -> None:
     """Gemm as one GPU kernel: a constant operand used transposed is transposed at import (as on
     the CPU), one computed at run time is read at transposed strides; ``beta`` scales the bias
     inside the kernel, so a bias computed at run time may have any ``beta``."""

@@ -8,13 +8,17 @@ training-mode BatchNormalization."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from engine_onnx.codegen import (PARALLEL_WORK, TRANSCENDENTAL_COST, KernelSpec, parallel_rows,
                                  source_with_entries)
 from engine_onnx.dims import Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import gpu_norm, register
+from engine_onnx.ops import gpu_norm
+from engine_onnx.ops.context import LoweringContext
 from engine_onnx.ops.elementwise import emit_elementwise
+from engine_onnx.ops.gpu_conv import lrn_kernel
+from engine_onnx.ops.registry import register
 from engine_onnx.vecmath import math_preamble
 
 F32 = np.dtype("float32")
@@ -23,14 +27,14 @@ F32 = np.dtype("float32")
 SOFTMAX_PARALLEL = PARALLEL_WORK // (1 + TRANSCENDENTAL_COST)
 
 
-def _f32(ctx, node, *names):
+def _f32(ctx: LoweringContext, node: onnx.NodeProto, *names):
     for n in names:
         if ctx.dtype(n) != F32:
             raise NodeUnsupported(f"{node.op_type} on {ctx.dtype(n).name} (float32 only)")
 
 
 @register("BatchNormalization")
-def _batchnorm(ctx, node) -> None:
+def _batchnorm(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     _f32(ctx, node, *node.input[:5])
     training = bool(ctx.attr(node, "training_mode", 0))
     if not training and any(ctx.is_used(o) for o in node.output[1:]):
@@ -49,7 +53,7 @@ def _batchnorm(ctx, node) -> None:
     emit_elementwise(ctx, node, [node.input[0], kn, sn], F32, lambda a: f"{a[0]} * {a[1]} + {a[2]}")
 
 
-def _batchnorm_kernel(ctx, node, training: bool) -> None:
+def _batchnorm_kernel(ctx: LoweringContext, node: onnx.NodeProto, training: bool) -> None:
     """BatchNormalization as a kernel: parameters computed at run time, or training mode (the
     batch's own mean and population variance normalise, and the running statistics are updated
     with ``momentum``, ONNX's outputs 1 and 2)."""
@@ -109,7 +113,7 @@ def _batchnorm_kernel(ctx, node, training: bool) -> None:
 
 
 @register("LRN")
-def _lrn(ctx, node) -> None:
+def _lrn(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     _f32(ctx, node, node.input[0])
     xs = list(ctx.shape(node.input[0]))
     if any(isinstance(d, Mono) for d in xs[1:]):
@@ -118,8 +122,6 @@ def _lrn(ctx, node) -> None:
     alpha, beta, bias = (float(ctx.attr(node, "alpha", 1e-4)), float(ctx.attr(node, "beta", 0.75)),
                          float(ctx.attr(node, "bias", 1.0)))
     if ctx.gpu:
-        from engine_onnx.ops.gpu_conv import lrn_kernel
-
         ctx.emit(lrn_kernel(xs, size, alpha, beta, bias), [node.input[0]], [(node.output[0], F32, xs)])
         return
     c = xs[1]
@@ -143,7 +145,7 @@ def _lrn(ctx, node) -> None:
 
 
 @register("Softmax", "LogSoftmax")
-def _softmax(ctx, node) -> None:
+def _softmax(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     _f32(ctx, node, node.input[0])
     xs = list(ctx.shape(node.input[0]))
     if ctx.opset < 13:
@@ -193,7 +195,7 @@ def _softmax(ctx, node) -> None:
 
 
 @register("LayerNormalization")
-def _layernorm(ctx, node) -> None:
+def _layernorm(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     _f32(ctx, node, node.input[0])
     stats = [o if ctx.is_used(o) else None for o in list(node.output[1:3]) + [None] * (3 - len(node.output))][:2]
     xs = list(ctx.shape(node.input[0]))
@@ -245,7 +247,7 @@ def _layernorm(ctx, node) -> None:
 
 
 @register("InstanceNormalization")
-def _instancenorm(ctx, node) -> None:
+def _instancenorm(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     x, scale, bias = node.input[0], node.input[1], node.input[2]
     _f32(ctx, node, x, scale, bias)
     xs = list(ctx.shape(x))

@@ -10,11 +10,13 @@ unchanged.
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from engine_onnx.dims import Mono
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import register
 from engine_onnx.ops.axis_map import emit_axis_map
+from engine_onnx.ops.context import LoweringContext
+from engine_onnx.ops.registry import register
 
 _MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
 
@@ -37,7 +39,7 @@ def _index_table(n: int, before: int, after: int, mode: str) -> np.ndarray:
 
 
 @register("Pad")
-def _pad(ctx, node) -> None:
+def _pad(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     x = node.input[0]
     xs = list(ctx.shape(x))
     rank = len(xs)

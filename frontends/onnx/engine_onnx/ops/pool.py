@@ -17,22 +17,26 @@ pools reduce a plane of any rank."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from engine_onnx.codegen import (OMP_INCLUDE, PARALLEL_WORK, KernelSpec, parallel_rows, source_with_entries,
                                  thread_share)
 from engine_onnx.dims import Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import register
-from engine_onnx.ops.conv import conv_geometry
+from engine_onnx.ops.context import LoweringContext
+from engine_onnx.ops.conv_geometry import conv_geometry
+from engine_onnx.ops.gpu_conv import global_pool_kernel, pool_kernel
+from engine_onnx.ops.gpu_window_nd import pool_nd_kernel
 from engine_onnx.ops.phase_plane import MAX_PLANE_FLOATS, PHASE_PLANE, phase_plane_floats
 from engine_onnx.ops.pool_nd import pool_nd_spec
+from engine_onnx.ops.registry import register
 from engine_onnx.ops.window_nd import Window, window_of
 from engine_onnx.vecmath import NO_TRAPS, math_preamble
 
 F32 = np.dtype("float32")
 
 
-def _check(ctx, node):
+def _check(ctx: LoweringContext, node: onnx.NodeProto):
     x = node.input[0]
     if ctx.dtype(x) != F32:
         raise NodeUnsupported(f"{node.op_type} on {ctx.dtype(x).name} (float32 only)")
@@ -133,15 +137,13 @@ def _per_window_body(is_max: bool, g: dict, planes, ep) -> str:
 """
 
 
-def _pool_nd(ctx, node, xs, is_max: bool, window: Window) -> None:
+def _pool_nd(ctx: LoweringContext, node: onnx.NodeProto, xs, is_max: bool, window: Window) -> None:
     """A 3-D MaxPool or AveragePool: ``pool_nd``'s kernel, or ``gpu_window_nd``'s on GPU kinds."""
     include_pad = bool(ctx.attr(node, "count_include_pad", 0))
     ep, final = ctx.take_epilogue(node, F32)
     planes = dims_product(xs[:2])
     syms = tuple(symbols_of(xs))
     if ctx.gpu:
-        from engine_onnx.ops.gpu_window_nd import pool_nd_kernel
-
         spec = pool_nd_kernel(is_max, planes, window, include_pad, ep, syms)
     else:
         spec = pool_nd_spec(is_max, planes, window, include_pad, ep, syms)
@@ -149,7 +151,7 @@ def _pool_nd(ctx, node, xs, is_max: bool, window: Window) -> None:
 
 
 @register("MaxPool", "AveragePool")
-def _pool(ctx, node) -> None:
+def _pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     xs = _check(ctx, node)
     is_max = node.op_type == "MaxPool"
     if is_max and len(node.output) > 1 and ctx.is_used(node.output[1]):
@@ -180,8 +182,6 @@ def _pool(ctx, node) -> None:
     hpad = (OH - 1) * strides[0] + (KH - 1) * dil[0] + 1
     geometry["HPAD"] = hpad
     if ctx.gpu:
-        from engine_onnx.ops.gpu_conv import pool_kernel
-
         ctx.emit(pool_kernel(is_max, planes, geometry, ep, symbols_of(xs)), [node.input[0]], [(final, F32, out)])
         return
     if phase_plane_floats(OW, KW, strides[1], dil[1], hpad) <= MAX_PLANE_FLOATS:
@@ -197,14 +197,12 @@ def _pool(ctx, node) -> None:
 
 
 @register("GlobalAveragePool", "GlobalMaxPool")
-def _global_pool(ctx, node) -> None:
+def _global_pool(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     xs = _check(ctx, node)
     size = int(dims_product(xs[2:]))
     planes = dims_product(xs[:2])
     ep, final = ctx.take_epilogue(node, F32)
     if ctx.gpu:
-        from engine_onnx.ops.gpu_conv import global_pool_kernel
-
         spec = global_pool_kernel(node.op_type == "GlobalMaxPool", planes, size, ep, symbols_of(xs))
         ctx.emit(spec, [node.input[0]], [(final, F32, xs[:2] + [1] * (len(xs) - 2))])
         return

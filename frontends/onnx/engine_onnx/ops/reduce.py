@@ -7,20 +7,23 @@ output element (``gpu_norm.reduce_kernel``) with the same accumulations."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
 from engine_onnx.dims import dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import gpu_norm, register
-from engine_onnx.ops.elementwise import lit, loop_nest
-from engine_onnx.ops.shape import axes_of
+from engine_onnx.ops import gpu_norm
+from engine_onnx.ops.context import LoweringContext
+from engine_onnx.ops.kernel_exprs import lit, loop_nest
+from engine_onnx.ops.node_args import axes_of
+from engine_onnx.ops.registry import register
 
 _INIT = {"ReduceSum": 0, "ReduceMean": 0, "ReduceSumSquare": 0, "ReduceL1": 0, "ReduceL2": 0, "ReduceProd": 1,
          "ReduceMax": -np.inf, "ReduceMin": np.inf}
 
 
 @register(*_INIT)
-def _reduce(ctx, node) -> None:
+def _reduce(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     op = node.op_type
     x = node.input[0]
     dt = ctx.dtype(x)

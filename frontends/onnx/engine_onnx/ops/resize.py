@@ -19,12 +19,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 
 from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
 from engine_onnx.dims import Mono, dim_c, dims_product, symbols_of
 from engine_onnx.errors import NodeUnsupported
-from engine_onnx.ops import register
 from engine_onnx.ops.axis_map import emit_axis_map
+from engine_onnx.ops.context import LoweringContext
+from engine_onnx.ops.gpu_indexing import taps_kernel
+from engine_onnx.ops.kernel_exprs import lit
+from engine_onnx.ops.registry import register
 
 _CTMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
          "tf_crop_and_resize")
@@ -107,7 +111,7 @@ def axis_taps(n_in: int, scale: float, n_out: int, *, mode: str, ctm: str, neare
     return np.clip(idx, 0, n_in - 1), coeffs, extrap
 
 
-def _params(ctx, node, rank: int):
+def _params(ctx: LoweringContext, node: onnx.NodeProto, rank: int):
     """(scales or None, sizes or None, roi or None, axes) from the inputs or attributes of ``node``."""
     def opt(i: int, what: str):
         if len(node.input) > i and node.input[i]:
@@ -126,7 +130,7 @@ def _params(ctx, node, rank: int):
 
 
 @register("Resize", "Upsample")
-def _resize(ctx, node) -> None:
+def _resize(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     x = node.input[0]
     xs = list(ctx.shape(x))
     rank = len(xs)
@@ -214,9 +218,6 @@ def _resize(ctx, node) -> None:
         emit_axis_map(ctx, "resize", x, node.output[0], out, xs, maps, dt, fill)
         return
     if ctx.gpu:
-        from engine_onnx.ops.elementwise import lit
-        from engine_onnx.ops.gpu_indexing import taps_kernel
-
         spec, idx, weights = taps_kernel(out, xs, tables, dt, lit(ev, dt))
         ctx.emit(spec, [x, ctx.add_weight(idx, f"{node.output[0]}.resize_indices"),
                         ctx.add_weight(weights, f"{node.output[0]}.resize_weights")], [(node.output[0], dt, out)])
@@ -226,8 +227,6 @@ def _resize(ctx, node) -> None:
 
 def _weighted_spec(out, xs, tables, dt, ev: float) -> KernelSpec:
     """``out[o] = sum over the taps of every resized axis of prod(weights) * in[indices]``."""
-    from engine_onnx.ops.elementwise import lit
-
     t = ctype(dt)
     rank = len(out)
     pre = []

@@ -12,25 +12,23 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+import onnx
 
 from engine_onnx.codegen import KernelSpec, ctype, source_with_entries
 from engine_onnx.batch_flow import shape_text
 from engine_onnx.dims import Dim, DimError, Mono, dim_c, dim_div, dim_expr, dims_product, merge_axes, symbols_of
 from engine_onnx.errors import NodeUnsupported, PinSymbol, UnsupportedModelError, UnsupportedNode
 from engine_onnx.gpu import gpu_ctype
-from engine_onnx.ops import gpu_kernels, register
+from engine_onnx.ops import gpu_kernels
+from engine_onnx.ops.axis_map import emit_axis_map
+from engine_onnx.ops.context import LoweringContext
+from engine_onnx.ops.kernel_exprs import broadcast_shape, lit
+from engine_onnx.ops.node_args import axes_of
+from engine_onnx.ops.registry import register
 
-__all__ = ["emit_copy", "strided_copy_source", "axes_of"]
+__all__ = ["emit_copy", "emit_constant", "strided_copy_source"]
 
 INT_MAX = 2 ** 62
-
-
-def axes_of(ctx, node, index: int = 1, attr: str = "axes") -> list[int] | None:
-    """Axes from the ``index``-th input (newer opsets) or the attribute (older ones)."""
-    if len(node.input) > index and node.input[index]:
-        return [int(a) for a in ctx.require_const(node.input[index], attr).reshape(-1)]
-    v = ctx.attr(node, attr, None)
-    return None if v is None else [int(a) for a in v]
 
 
 def _strides(shape: Sequence[Dim]) -> list[Dim]:
@@ -63,7 +61,7 @@ def strided_copy_source(out_shape: Sequence[Dim], in_strides: Sequence[Dim], bas
     return source_with_entries("", [("copy", body)], symbols_of([*out_shape, base, *in_strides]))
 
 
-def _output_ctype(ctx, name: str, dtype: np.dtype) -> str:
+def _output_ctype(ctx: LoweringContext, name: str, dtype: np.dtype) -> str:
     """The C type of graph output ``name``; the walk is over, so a refusal is the model's error."""
     try:
         return gpu_ctype(dtype) if ctx.gpu else ctype(dtype)
@@ -71,7 +69,7 @@ def _output_ctype(ctx, name: str, dtype: np.dtype) -> str:
         raise UnsupportedModelError([UnsupportedNode(name, "output", str(exc))], ctx.name) from None
 
 
-def emit_copy(ctx, src: str, dst: str) -> None:
+def emit_copy(ctx: LoweringContext, src: str, dst: str) -> None:
     """A fresh contiguous copy of ``src`` (for graph outputs that are views, inputs or weights)."""
     shape = ctx.shape(src)
     dtype = ctx.dtype(src)
@@ -86,7 +84,7 @@ def emit_copy(ctx, src: str, dst: str) -> None:
     ctx.emit(spec, [src], [(dst, dtype, shape)])
 
 
-def emit_constant(ctx, src: str, dst: str) -> None:
+def emit_constant(ctx: LoweringContext, src: str, dst: str) -> None:
     """A graph output known at import, written by a kernel holding its (small) value."""
     arr = np.require(ctx.const(src), requirements="C")
     t = _output_ctype(ctx, src, arr.dtype)
@@ -112,12 +110,12 @@ def emit_constant(ctx, src: str, dst: str) -> None:
 
 
 @register("Identity")
-def _identity(ctx, node) -> None:
+def _identity(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     ctx.alias(node.output[0], node.input[0], ctx.shape(node.input[0]))
 
 
 @register("Dropout")
-def _dropout(ctx, node) -> None:
+def _dropout(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     if len(node.input) > 2 and node.input[2]:
         mode = ctx.require_const(node.input[2], "Dropout training_mode")
         if bool(mode.reshape(-1)[0]):
@@ -135,7 +133,7 @@ def _dropout(ctx, node) -> None:
 
 
 @register("Reshape")
-def _reshape(ctx, node) -> None:
+def _reshape(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     src = ctx.shape(node.input[0])
     if ctx.opset < 5:
         target = list(ctx.attr(node, "shape"))
@@ -164,7 +162,7 @@ def _reshape(ctx, node) -> None:
     ctx.alias(node.output[0], node.input[0], out)
 
 
-def _batch_through(ctx, node, src: Sequence[Dim], target: list[Dim]) -> list[Dim]:
+def _batch_through(ctx: LoweringContext, node: onnx.NodeProto, src: Sequence[Dim], target: list[Dim]) -> list[Dim]:
     """A constant target that holds the batch the model was exported at (``[1, 2048]`` for an input
     of ``[batch, 2048, 1, 1]``), which ONNX defines at that batch only: its leading axis becomes the
     batch when the input is proved sample-major (``batch_flow``) and the other axes keep the
@@ -206,7 +204,7 @@ def _valid_only(old: Dim, new: Dim) -> str:
 
 
 @register("Flatten")
-def _flatten(ctx, node) -> None:
+def _flatten(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     s = ctx.shape(node.input[0])
     axis = int(ctx.attr(node, "axis", 1))
     axis = axis + len(s) if axis < 0 else axis
@@ -214,7 +212,7 @@ def _flatten(ctx, node) -> None:
 
 
 @register("Squeeze")
-def _squeeze(ctx, node) -> None:
+def _squeeze(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     s = list(ctx.shape(node.input[0]))
     axes = axes_of(ctx, node)
     if axes is None:
@@ -232,7 +230,7 @@ def _squeeze(ctx, node) -> None:
 
 
 @register("Unsqueeze")
-def _unsqueeze(ctx, node) -> None:
+def _unsqueeze(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     s = list(ctx.shape(node.input[0]))
     axes = axes_of(ctx, node)
     rank = len(s) + len(axes)
@@ -242,7 +240,7 @@ def _unsqueeze(ctx, node) -> None:
 
 
 @register("Transpose")
-def _transpose(ctx, node) -> None:
+def _transpose(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     s = ctx.shape(node.input[0])
     perm = ctx.attr(node, "perm", list(range(len(s)))[::-1])
     st = _strides(s)
@@ -257,7 +255,7 @@ def _transpose(ctx, node) -> None:
     ctx.emit(spec, [node.input[0]], [(node.output[0], dtype, out)])
 
 
-def _slice_params(ctx, node, shape):
+def _slice_params(ctx: LoweringContext, node: onnx.NodeProto, shape):
     if ctx.opset < 10:
         starts, ends = ctx.attr(node, "starts"), ctx.attr(node, "ends")
         axes = ctx.attr(node, "axes", list(range(len(starts))))
@@ -277,7 +275,7 @@ def _slice_params(ctx, node, shape):
 
 
 @register("Slice")
-def _slice(ctx, node) -> None:
+def _slice(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     s = list(ctx.shape(node.input[0]))
     starts, ends, axes, steps = _slice_params(ctx, node, s)
     begin: list[Dim] = [0] * len(s)
@@ -323,9 +321,7 @@ def _slice(ctx, node) -> None:
 
 
 @register("Expand")
-def _expand(ctx, node) -> None:
-    from engine_onnx.ops.elementwise import broadcast_shape
-
+def _expand(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     s = list(ctx.shape(node.input[0]))
     v = ctx.value(node.input[1])
     if v is None:
@@ -345,7 +341,7 @@ def _expand(ctx, node) -> None:
 
 
 @register("Concat")
-def _concat(ctx, node) -> None:
+def _concat(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     names = [n for n in node.input if n]
     shapes = [list(ctx.shape(n)) for n in names]
     rank = len(shapes[0])
@@ -391,7 +387,7 @@ def _concat(ctx, node) -> None:
 
 
 @register("Split")
-def _split(ctx, node) -> None:
+def _split(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     s = list(ctx.shape(node.input[0]))
     axis = ctx.attr(node, "axis", 0) % len(s)
     n_out = len(node.output)
@@ -430,7 +426,7 @@ def _split(ctx, node) -> None:
 
 
 @register("Gather")
-def _gather(ctx, node) -> None:
+def _gather(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     data = list(ctx.shape(node.input[0]))
     ind = list(ctx.shape(node.input[1]))
     axis = ctx.attr(node, "axis", 0) % len(data)
@@ -460,7 +456,7 @@ def _gather(ctx, node) -> None:
 
 
 @register("ConstantOfShape")
-def _constant_of_shape(ctx, node) -> None:
+def _constant_of_shape(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     v = ctx.value(node.input[0])
     if v is None:
         raise NodeUnsupported("the shape must be computable at import")
@@ -468,8 +464,6 @@ def _constant_of_shape(ctx, node) -> None:
     value = ctx.attr(node, "value", None)
     arr = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
     dtype = arr.dtype
-    from engine_onnx.ops.elementwise import lit
-
     t = ctype(dtype)
     if ctx.gpu:
         ctx.emit(gpu_kernels.fill_kernel("fill", out, dtype, lit(arr[0].item(), dtype)), [],
@@ -483,15 +477,13 @@ def _constant_of_shape(ctx, node) -> None:
 
 
 @register("Constant", "Shape", "Size")
-def _folded_only(ctx, node) -> None:
+def _folded_only(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """These are always folded at import (``folding``); reaching here means the fold failed."""
     raise NodeUnsupported("cannot be evaluated at import (sparse or unsupported constant, or unknown shape)")
 
 
 @register("Tile")
-def _tile(ctx, node) -> None:
-    from engine_onnx.ops.axis_map import emit_axis_map
-
+def _tile(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     s = list(ctx.shape(node.input[0]))
     reps = [int(r) for r in ctx.require_const(node.input[1], "the Tile repeats").reshape(-1)]
     if len(reps) != len(s) or any(r < 0 for r in reps):
@@ -512,7 +504,7 @@ def _tile(ctx, node) -> None:
 
 
 @register("Range")
-def _range(ctx, node) -> None:
+def _range(ctx: LoweringContext, node: onnx.NodeProto) -> None:
     """Folded at import when start, limit and delta are constants (``folding``). A limit that is a
     dynamic dimension (``arange(seq_len)`` in torch exports: ``Range(0, Shape(x)[1], 1)``) with a
     constant start of 0 and a positive integer step becomes a kernel of ``limit / delta`` elements

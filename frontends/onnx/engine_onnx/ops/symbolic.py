@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 
 from engine_onnx.dims import DimError, Mono, dims_product
+from engine_onnx.ops.context import LoweringContext
 
 __all__ = ["fold", "fold_shape", "SYMBOLIC_OPS"]
 
@@ -22,7 +23,7 @@ def _finish(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def fold_shape(ctx, node: onnx.NodeProto) -> bool:
+def fold_shape(ctx: LoweringContext, node: onnx.NodeProto) -> bool:
     """``Shape``/``Size`` of a tensor whose shape is known (possibly symbolic)."""
     src = node.input[0]
     if src in ctx.poisoned:
@@ -38,7 +39,7 @@ def fold_shape(ctx, node: onnx.NodeProto) -> bool:
     return True
 
 
-def _axes(ctx, node, index: int = 1):
+def _axes(ctx: LoweringContext, node: onnx.NodeProto, index: int = 1):
     if len(node.input) > index and node.input[index]:
         v = ctx.const(node.input[index])
         return None if v is None else [int(a) for a in np.asarray(v).reshape(-1)]
@@ -46,7 +47,7 @@ def _axes(ctx, node, index: int = 1):
     return None if a is None else list(a)
 
 
-def fold(ctx, node: onnx.NodeProto) -> bool:
+def fold(ctx: LoweringContext, node: onnx.NodeProto) -> bool:
     """Evaluate a shape-computation node over symbolic values; False if this op is not one."""
     fn = SYMBOLIC_OPS.get(node.op_type)
     if fn is None:
@@ -63,11 +64,11 @@ def fold(ctx, node: onnx.NodeProto) -> bool:
     return True
 
 
-def _gather(ctx, node, v):
+def _gather(ctx: LoweringContext, node: onnx.NodeProto, v):
     return np.take(v[0], np.asarray(v[1]).astype(np.int64), axis=ctx.attr(node, "axis", 0))
 
 
-def _unsqueeze(ctx, node, v):
+def _unsqueeze(ctx: LoweringContext, node: onnx.NodeProto, v):
     axes = _axes(ctx, node)
     if axes is None:
         return None
@@ -78,16 +79,16 @@ def _unsqueeze(ctx, node, v):
     return out
 
 
-def _squeeze(ctx, node, v):
+def _squeeze(ctx: LoweringContext, node: onnx.NodeProto, v):
     axes = _axes(ctx, node)
     return np.squeeze(v[0]) if axes is None else np.squeeze(v[0], axis=tuple(a % v[0].ndim for a in axes))
 
 
-def _concat(ctx, node, v):
+def _concat(ctx: LoweringContext, node: onnx.NodeProto, v):
     return np.concatenate([np.asarray(x, dtype=object) for x in v], axis=ctx.attr(node, "axis", 0))
 
 
-def _slice(ctx, node, v):
+def _slice(ctx: LoweringContext, node: onnx.NodeProto, v):
     data = v[0]
     if ctx.opset < 10:
         starts, ends = ctx.attr(node, "starts"), ctx.attr(node, "ends")
@@ -103,7 +104,7 @@ def _slice(ctx, node, v):
     return data[tuple(index)]
 
 
-def _cast(ctx, node, v):
+def _cast(ctx: LoweringContext, node: onnx.NodeProto, v):
     to = ctx.attr(node, "to")
     if to not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
         return None
@@ -111,27 +112,27 @@ def _cast(ctx, node, v):
 
 
 def _binary(op):
-    def fn(ctx, node, v):
+    def fn(ctx: LoweringContext, node: onnx.NodeProto, v):
         a, b = (np.asarray(x, dtype=object) for x in v[:2])
         return op(a, b)
     return fn
 
 
-def _reshape(ctx, node, v):
+def _reshape(ctx: LoweringContext, node: onnx.NodeProto, v):
     shape = [int(x) for x in v[1]]
     return v[0].reshape([x if x != 0 else v[0].shape[i] for i, x in enumerate(shape)])
 
 
-def _where(ctx, node, v):
+def _where(ctx: LoweringContext, node: onnx.NodeProto, v):
     return np.where(np.asarray(v[0], dtype=bool), v[1], v[2])
 
 
-def _equal(ctx, node, v):
+def _equal(ctx: LoweringContext, node: onnx.NodeProto, v):
     a, b = (np.asarray(x, dtype=object) for x in v[:2])
     return np.vectorize(lambda x, y: x == y, otypes=[object])(a, b).astype(bool)
 
 
-def _max(ctx, node, v):
+def _max(ctx: LoweringContext, node: onnx.NodeProto, v):
     out = np.asarray(v[0], dtype=object)
     for x in v[1:]:
         x = np.asarray(x, dtype=object)
