@@ -27,48 +27,35 @@ __all__ = ["HELPERS", "CompiledHelpers", "built", "python_passes", "ENV"]
 #: The environment variable that, set to ``0``, starts the process on the Python passes.
 ENV = "ENGINE_COMPILED_HELPERS"
 
-
-def _load(name: str) -> ModuleType | None:
-    try:
-        if name == "planner":
-            from engine.runtime import _planner  # type: ignore[attr-defined]  # a C extension, no stub
-
-            return _planner
-        from engine import _exprtape  # type: ignore[attr-defined]  # a C extension, no stub
-
-        return _exprtape
-    except ImportError:  # pragma: no cover - an install without a C compiler
-        return None
+try:
+    from engine.runtime import _planner  # type: ignore[attr-defined]  # a C extension, no stub
+except ImportError:  # pragma: no cover - an install without a C compiler
+    _planner = None
+try:
+    from engine import _exprtape  # type: ignore[attr-defined]  # a C extension, no stub
+except ImportError:  # pragma: no cover - an install without a C compiler
+    _exprtape = None
 
 
 class CompiledHelpers:
     """The compiled helpers in use: each a module, or None where the Python passes run instead."""
 
-    __slots__ = ("planner", "expr_tape", "_built")
+    __slots__ = ("planner", "expr_tape")
 
-    def __init__(self) -> None:
-        self._built = {"planner": _load("planner"), "expr_tape": _load("expr_tape")}
-        on = env_flag(os.environ.get(ENV, "1"))
-        self.planner: ModuleType | None = self._built["planner"] if on else None
-        self.expr_tape: ModuleType | None = self._built["expr_tape"] if on else None
-
-    def built(self) -> dict[str, bool]:
-        """Which helpers were built at install (whether or not they are in use)."""
-        return {name: module is not None for name, module in self._built.items()}
-
-    def restore(self) -> None:
-        """Use every helper that was built (what a process starts with unless ``ENV`` is 0)."""
-        self.planner, self.expr_tape = self._built["planner"], self._built["expr_tape"]
+    def __init__(self, on: bool) -> None:
+        self.planner: ModuleType | None = _planner if on else None
+        self.expr_tape: ModuleType | None = _exprtape if on else None
 
 
-#: The process's helpers: ``engine.runtime.memory``, ``engine.runtime.plan`` and ``engine.expr``
-#: read them at each call.
-HELPERS = CompiledHelpers()
+#: The process's helpers: ``engine.runtime.memory`` and ``engine.runtime.plan`` read them at each
+#: call, ``engine.expr`` when it builds a tape.
+HELPERS = CompiledHelpers(env_flag(os.environ.get(ENV, "1")))
 
 
 def built() -> dict[str, bool]:
-    """``{"planner": ..., "expr_tape": ...}``: which compiled helpers this install has."""
-    return HELPERS.built()
+    """``{"planner": ..., "expr_tape": ...}``: which compiled helpers this install has (whether or
+    not they are in use)."""
+    return {"planner": _planner is not None, "expr_tape": _exprtape is not None}
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The op package's structure holds (issue 26): no import circle among engine_onnx.ops's modules, no
+"""The op package's structure holds (issue 25): no import circle among engine_onnx.ops's modules, no
 import deferred into a function, the registry refuses a second handler for an op type, and
 ``Lowering`` provides everything ``LoweringContext`` promises the handlers."""
 

@@ -40,18 +40,13 @@ from engine import safefiles
 from engine.cache import note_write, read_only_cache, report_read_only, touch
 from engine.log import get_logger
 
-__all__ = ["sha256_hex", "atomic_write", "read_verified", "key_lock", "ContentStore", "BuildCache"]
+__all__ = ["sha256_hex", "read_verified", "ContentStore", "BuildCache"]
 
 log = get_logger("engine.cache")
 
 
 def sha256_hex(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def atomic_write(path: Path, data: bytes | memoryview) -> None:
-    """Publish ``data`` at ``path`` all at once, readable by this user only (``engine.safefiles``)."""
-    safefiles.atomic_write(path, data, private=True)
 
 
 def read_verified(path: Path, sha256: str) -> bytes | None:
@@ -61,12 +56,6 @@ def read_verified(path: Path, sha256: str) -> bytes | None:
     except OSError:
         return None
     return data if sha256_hex(data) == sha256 else None
-
-
-def key_lock(path: Path) -> contextlib.AbstractContextManager[bool]:
-    """Hold an exclusive advisory lock on ``path`` (created if needed) for the block
-    (``engine.safefiles.file_lock``: threads of one process exclude each other too)."""
-    return safefiles.file_lock(path)
 
 
 class ContentStore:
@@ -89,7 +78,7 @@ class ContentStore:
         sha = sha256 or sha256_hex(data)
         path = self.path_for(sha)
         if read_verified(path, sha) is None:  # missing, truncated or tampered: (re)write
-            atomic_write(path, data)
+            safefiles.atomic_write(path, data, private=True)
             log.debug("content store %s: wrote %s", self.root, path.name)
             note_write(path, len(data), root=self.cache_root)
         else:
@@ -231,9 +220,9 @@ class BuildCache:
                 self._memo[key] = data  # this process built it: usable here, just not kept on disk
                 return
             path, sha = self._path(key), sha256_hex(data)
-            atomic_write(path, data)
-            atomic_write(path.with_name(path.name + ".sha256"), sha.encode())
-            atomic_write(self._tag_path(key), self._tag(key, sha, secret).encode())
+            safefiles.atomic_write(path, data, private=True)
+            safefiles.atomic_write(path.with_name(path.name + ".sha256"), sha.encode(), private=True)
+            safefiles.atomic_write(self._tag_path(key), self._tag(key, sha, secret).encode(), private=True)
         except OSError as exc:
             if not read_only_cache(exc, self.cache_root or self.root):
                 raise
@@ -259,7 +248,7 @@ class BuildCache:
         if not self.read_only:
             locked = False
             try:
-                with key_lock(self.root / f".{key}.lock"):
+                with safefiles.file_lock(self.root / f".{key}.lock"):
                     locked = True
                     data = self.get(key)  # another process may have built it meanwhile
                     if data is None:
