@@ -7,10 +7,12 @@ from pathlib import Path
 
 import onnx
 import onnx.version_converter
+from onnx import helper, numpy_helper
 
 from engine_onnx.errors import ModelLoadError, UnsupportedOpsetError
 
-__all__ = ["load_model", "MIN_OPSET", "MAX_OPSET", "BASE_OPSET", "older_definition", "upgrade_opset"]
+__all__ = ["load_model", "MIN_OPSET", "MAX_OPSET", "BASE_OPSET", "older_definition", "upgrade_opset",
+           "channel_slopes"]
 
 #: The opset whose operator definitions the handlers read, and every later one: ONNX's shipped
 #: ``light`` models are opset 9, so the per-op differences from 9 on (Unsqueeze axes as an input,
@@ -50,14 +52,82 @@ def older_definition(op_type: str, opset: int) -> str | None:
 def upgrade_opset(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` rewritten to ``BASE_OPSET`` by ONNX's version converter, or ``proto`` itself when the
     converter has no adapter for one of its operators or its result fails the checker (the caller's
-    per-node ``older_definition`` check then names the nodes that predate ``BASE_OPSET``). The
-    converter works on a copy; the caller's model is never changed."""
+    per-node ``older_definition`` check then names the nodes that predate ``BASE_OPSET``), as it is
+    when a PRelu slope's opset-6 meaning cannot be kept (``channel_slopes``). The converter works on
+    a copy; the caller's model is never changed."""
+    slopes = channel_slopes(proto)
+    if slopes is None:
+        return proto
     try:
-        upgraded = onnx.version_converter.convert_version(proto, BASE_OPSET)
+        upgraded = onnx.version_converter.convert_version(slopes, BASE_OPSET)
         onnx.checker.check_model(upgraded)
     except Exception:  # noqa: BLE001 - the converter raises RuntimeError/ValidationError/IndexError…
         return proto
     return upgraded
+
+
+def channel_slopes(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``proto`` with each PRelu slope of an opset older than 7 made to broadcast as that opset meant,
+    or None when a slope's meaning cannot be kept.
+
+    Before version 7, PRelu applies a slope of shape ``[C]`` along axis 1 of an ``[N, C, ...]`` input
+    (PyTorch's multi-parameter PReLU exports so); from version 7 on, the slope broadcasts from the
+    right, and the version converter keeps it as it is, which then applies along the last axis, or
+    fails to broadcast. A constant slope is reshaped to ``[C, 1, ...]`` (the same values along axis
+    1, read the same way by every later version; a new initializer where other nodes read it too).
+    A slope computed at run time, or an input of unknown rank, gives None: the caller then reads the
+    model node by node, which refuses the opset-6 PRelu naming it, rather than risk a slope read
+    along the wrong axis. Returns ``proto`` itself when nothing changes, else a changed copy.
+    """
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), BASE_OPSET)
+    nodes = [i for i, n in enumerate(proto.graph.node)
+             if n.op_type == "PRelu" and n.domain in ("", "ai.onnx") and len(n.input) == 2]
+    if opset >= 7 or not nodes:
+        return proto
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception:  # noqa: BLE001 - the node-by-node check reports what is wrong with the model
+        return None
+    shapes = {v.name: v.type.tensor_type.shape for v in (*inferred.graph.input, *inferred.graph.value_info)
+              if v.type.tensor_type.HasField("shape")}
+    initializers = {t.name: t for t in proto.graph.initializer}
+    reshaped: dict[int, tuple[str, list[int]]] = {}  # node index -> (slope, its new shape)
+    for index in nodes:
+        x, slope = proto.graph.node[index].input
+        tensor = initializers.get(slope)
+        slope_shape = [d.dim_value if d.HasField("dim_value") else None for d in shapes[slope].dim] \
+            if slope in shapes else None
+        dims = list(tensor.dims) if tensor is not None else slope_shape
+        if dims is not None and (len(dims) != 1 or dims[0] == 1):
+            continue  # one value for every element, or a slope laid out for broadcasting already
+        rank = len(shapes[x].dim) if x in shapes else None
+        if rank is not None and rank <= 2:
+            continue  # [N, C]: axis 1 is the last axis, both rules agree
+        if tensor is None or rank is None:
+            return None
+        reshaped[index] = (slope, [tensor.dims[0]] + [1] * (rank - 2))
+    if not reshaped:
+        return proto
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    taken = {t.name for t in proto.graph.initializer} | {v.name for v in proto.graph.input}
+    for index, (slope, shape) in reshaped.items():
+        name, k = f"{slope}_channels", 1
+        while name in taken:
+            name, k = f"{slope}_channels{k}", k + 1
+        taken.add(name)
+        values = numpy_helper.to_array(initializers[slope]).reshape(shape)
+        proto.graph.initializer.append(numpy_helper.from_array(values, name))
+        if proto.ir_version < 4:  # IR 3 and older list every initializer among the graph's inputs
+            elem_type = initializers[slope].data_type
+            proto.graph.input.append(helper.make_tensor_value_info(name, elem_type, shape))
+        proto.graph.node[index].input[1] = name
+    # A slope no node reads any more goes, with its entry among the inputs (old exporters list them).
+    read = {name for node in proto.graph.node for name in node.input} | {o.name for o in proto.graph.output}
+    unread = {slope for slope, _ in reshaped.values()} - read
+    for field in (proto.graph.initializer, proto.graph.input):
+        for item in [item for item in field if item.name in unread]:
+            field.remove(item)
+    return proto
 
 
 def load_model(model: "str | os.PathLike[str] | bytes | onnx.ModelProto") -> onnx.ModelProto:
