@@ -23,8 +23,8 @@ NO_TRAPS = '#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC optimize("
 # library's erff is scalar): |x| < 0.92: x * P(x^2); 0.92 <= |x| < 2 and 2 <= |x| < 3.92: 1 - Q(u)
 # with u the position in the interval scaled to [-1, 1]; beyond, 1. Chebyshev fits of erf(x)/x and
 # erfc(x) (degrees 6, 10, 10); evaluated in float32 within 1.4e-7 of erf everywhere (about two
-# units in the last place near 1; tests/test_onnx_fusion.py checks it on a dense grid). NaN stays
-# NaN (it fails every comparison and falls to the first polynomial).
+# units in the last place near 1; frontends/onnx/tests/test_onnx_fusion.py checks it on a dense
+# grid). NaN stays NaN (it fails every comparison and falls to the first polynomial).
 _ERF_SMALL = (1.128379225730896, -0.37612634897232056, 0.11283702403306961, -0.026859745383262634,
               0.005201837979257107, -0.0008151342626661062, 8.40485081425868e-05)
 _ERFC_MID = (1.46, 0.54, (0.0389464907348156, -0.07229473441839218, 0.05699717253446579, -0.022930730134248734,
@@ -61,7 +61,8 @@ ERF_F32 = f"""static inline float eng_erff(float x) {{
 # floor instruction), e^r by Cephes' expf polynomial, then 2^n applied as two exact powers of two so
 # that every n from -150 to 128 gives a normal scale: overflow becomes inf and underflow rounds
 # gradually to 0 as in the C library. Within one unit in the last place of exp over the normal range
-# (tests/test_onnx_vecmath.py checks a dense grid and the edges); NaN stays NaN, -inf gives 0.
+# (frontends/onnx/tests/test_onnx_fusion.py checks a dense grid and the edges); NaN stays NaN, -inf
+# gives 0.
 EXP_F32 = """static inline float eng_pow2i(int32_t n) {
     const int32_t bits = (n + 127) << 23;
     float f;

@@ -3,7 +3,7 @@
 The op modules are written against this interface rather than against ``lowering.Lowering``, so
 they can be read, typed and imported without the lowering (which imports the op registry at run
 time): the dependency points one way, from the lowering to the ops. ``Lowering`` provides every
-member (tests/test_onnx_ops_layout.py holds it to that).
+member (frontends/onnx/tests/test_onnx_ops_layout.py holds it to that).
 """
 
 from __future__ import annotations

@@ -248,7 +248,7 @@ def test_gpu_check_without_a_gpu_reports_every_gpu_test_skipped_with_the_reason(
     avail = registry.backend("cuda").availability()
     if avail.available:
         pytest.skip("a CUDA device is available here: scripts/gpu-check runs for real (not this test's case)")
-    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "gpu-check"
     proc = subprocess.run([sys.executable, str(script), "--no-install"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OUT": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -277,7 +277,7 @@ def test_gpu_check_onnx_without_a_gpu_reports_every_onnx_gpu_test_skipped_with_t
     avail = registry.backend("cuda").availability()
     if avail.available:
         pytest.skip("a CUDA device is available here: scripts/gpu-check runs for real (not this test's case)")
-    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "gpu-check"
     proc = subprocess.run([sys.executable, str(script), "--no-install", "--onnx"], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "OUT": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout + proc.stderr

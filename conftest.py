@@ -1,13 +1,30 @@
-"""Test configuration: an isolated cache directory, registries, and the example model."""
+"""Test configuration for every distribution's tests: an isolated cache directory, registries, the
+example model, the ``gpu`` marker's skip and the ``ENGINE_TEST_TORCH`` check.
+
+It lives at the repository's root, not in ``tests/``, because the tests are kept beside their
+distribution (``tests/`` for the core, ``plugins/*/tests``, ``frontends/onnx/tests``) and pytest
+loads a root ``conftest.py`` for every test under the root (``pytest`` with no arguments runs the
+``testpaths`` of ``pyproject.toml``; ``pytest plugins/cpu/tests`` also works). It puts ``tests/`` on
+``sys.path`` so that the shared helper modules (``support``, ``gpu_fakes``, ``gpu_abi``,
+``cli_support``, ...) import the same way from any test folder.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+_ROOT = Path(__file__).resolve().parent
+# pytest (import mode "prepend") put the root itself first on sys.path to import this file. Run from
+# elsewhere (scripts/gpu-check runs pytest from $OUT, on test files given by path) the checkout's
+# engine/ would then shadow the installed one, which has the compiled extensions: take it back off.
+# Run from the root, it stays (``python -m pytest`` puts the working directory there anyway).
+if sys.path and sys.path[0] == str(_ROOT) and Path.cwd().resolve() != _ROOT:
+    del sys.path[0]
+sys.path.insert(0, str(_ROOT / "tests"))
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +78,6 @@ def pytest_configure(config):
     """``ENGINE_TEST_TORCH=1`` (CI: ``.ci/run``) makes the torch tests required: without torch the run
     stops here instead of skipping them. Otherwise they skip, with the reason, where torch is absent."""
     import importlib.util
-    import os
 
     if os.environ.get("ENGINE_TEST_TORCH") == "1" and importlib.util.find_spec("torch") is None:
         raise pytest.UsageError("ENGINE_TEST_TORCH=1 but torch is not installed: install the torch-tests extra "

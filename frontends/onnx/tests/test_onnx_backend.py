@@ -16,8 +16,8 @@ in ``PARAMETER_INPUTS``) turned into initializers holding the test's own values,
 the test's expected outputs at its tolerances: the kernels are checked even where the as-given
 form cannot be imported. docs/onnx.md counts both forms separately.
 
-``python tests/test_onnx_backend.py --report`` runs this module and prints the two tables of
-docs/onnx.md (pass/skip counts by test prefix, skip reasons) in Markdown.
+``python frontends/onnx/tests/test_onnx_backend.py --report`` runs this module and prints the two
+tables of docs/onnx.md (pass/skip counts by test prefix, skip reasons) in Markdown.
 
 Kernels are cached by content under the CPU plugin's cache directory, so a rerun compiles nothing.
 """

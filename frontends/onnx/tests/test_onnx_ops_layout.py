@@ -17,7 +17,7 @@ from engine_onnx.lowering import Lowering  # noqa: E402
 from engine_onnx.ops import OPS, registry  # noqa: E402
 from engine_onnx.ops.context import LoweringContext  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _imports_script():

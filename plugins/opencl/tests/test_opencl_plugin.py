@@ -33,7 +33,7 @@ from engine.plugins import Registry  # noqa: E402
 from engine.pointer import BufferPtr  # noqa: E402
 from engine.settings import Settings  # noqa: E402
 
-PLUGIN_DIR = Path(__file__).resolve().parent.parent / "plugins" / "opencl" / "engine_opencl"
+PLUGIN_DIR = Path(__file__).resolve().parents[1] / "engine_opencl"
 ALLOWED_ENGINE_MODULES = {"engine", "engine.backend", "engine.backend.contract", "engine.backend.base",
                           "engine.backend.events", "engine.backend.cachefiles", "engine.pointer", "engine.storage",
                           "engine.device", "engine.errors", "engine.settings", "engine.hookspecs"}

@@ -497,7 +497,7 @@ def test_the_core_runs_and_captures_through_the_plugin(tmp_path):
 
 # -- control flow only: the real adapter and cuda-bindings over a host-memory libcuda stand-in ----------
 
-STUB_SOURCE = Path(__file__).parent / "gpu_stub" / "libcuda_stub.c"
+STUB_SOURCE = Path(__file__).resolve().parents[3] / "tests" / "gpu_stub" / "libcuda_stub.c"
 
 STUB_SCRIPT = r'''
 import ctypes, json, sys, threading

@@ -200,7 +200,7 @@ def test_an_old_opset_imports_through_the_version_converter():
     # (its ``consumed_inputs`` and ``broadcast`` attributes went away): ONNX's version converter
     # rewrites the opset-5 model to the importer's opset, and it imports and runs too. Where the
     # converter cannot help, the node is refused with its opset named (the PyTorch reference cases'
-    # PRelu v6, tests/test_onnx_pytorch_cases.py).
+    # PRelu v6, test_onnx_pytorch_cases.py).
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
     model = _tiny_model([helper.make_node("Relu", ["x"], ["y"])], [x], [y], opset=7)
@@ -494,4 +494,4 @@ def test_gemm_and_conv_kernels_offer_several_candidates_with_equal_results():
     _assert_close(graph.run_async([data])[0].numpy(), expected)
     timed = sorted(len(choice.medians_ms) for choice in graph.tuning_results()[(3,)])
     assert timed == sorted(candidates.values())  # every candidate of both tasks was timed at this key
-    # each candidate forced in turn gives the same result (tests/test_onnx_kernels.py: many shapes)
+    # each candidate forced in turn gives the same result (test_onnx_kernels.py: many shapes)

@@ -1,7 +1,7 @@
 """Op kernels of the ONNX importer beyond ONNX's node tests: every candidate of ConvTranspose, ops
 on a dynamic batch, and refusals that name their reason.
 
-ONNX's node tests (``tests/test_onnx_backend.py``) run whichever candidate the tuner picks; here
+ONNX's node tests (``test_onnx_backend.py``) run whichever candidate the tuner picks; here
 the dispatch table is set by hand (``graph.dispatch_table.record``) so that each candidate of a
 multi-candidate kernel is run and checked on its own. Expected values come from ONNX Runtime (ONNX's
 reference evaluator gets grouped ConvTranspose wrong); tolerance
