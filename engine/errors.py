@@ -68,7 +68,32 @@ __all__ = [
 
 
 class EngineError(Exception):
-    """Base of every error the engine raises on purpose."""
+    """Base of every error the engine raises on purpose.
+
+    Every one pickles whole, whatever its ``__init__`` takes: errors cross processes (a process pool,
+    Ray tasks, pytest-xdist workers), and the default pickling calls ``cls(*args)`` with the message,
+    which a subclass taking other parameters refuses or misreads. An error is rebuilt from its
+    message and the attributes it carries (``_rebuild``), without calling ``__init__`` again.
+    """
+
+    def __reduce__(self) -> tuple[object, ...]:
+        state = dict(self.__dict__)
+        if isinstance(self, OSError):  # errno, strerror and filename live in OSError's own slots
+            # (only those set: one set to None would change how OSError prints the message)
+            slots = {"errno": self.errno, "strerror": self.strerror, "filename": self.filename}
+            state.update({name: value for name, value in slots.items() if value is not None})
+        return _rebuild, (type(self), self.args, state)
+
+
+def _rebuild(cls: type[EngineError], args: tuple[object, ...], state: dict[str, object]) -> EngineError:
+    """The error ``EngineError.__reduce__`` pickled: its class, message and attributes."""
+    # The built-in base whose memory layout the class has: OSError's differs from Exception's.
+    new = OSError.__new__ if issubclass(cls, OSError) else Exception.__new__
+    error = new(cls, *args)
+    error.args = args
+    for name, value in state.items():
+        setattr(error, name, value)
+    return error
 
 
 class BundleError(EngineError, ValueError):
@@ -189,10 +214,6 @@ class OutOfMemoryError(EngineError, MemoryError):
         if isinstance(exc, OutOfMemoryError):
             return cls(exc.nbytes, exc.device, exc.cause, purpose if purpose is not None else exc.purpose)
         return cls(nbytes, device, str(exc) or f"{type(exc).__name__} (out of memory)", purpose)
-
-    def __reduce__(self) -> tuple[object, ...]:
-        # The default pickles ``args`` (the message), which this ``__init__`` does not take.
-        return type(self), (self.nbytes, self.device, self.cause, self.purpose)
 
 
 def format_size(nbytes: int) -> str:

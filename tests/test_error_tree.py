@@ -8,6 +8,7 @@ in the tree must be such a class. A new error class without its line in the tree
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import re
 
@@ -85,3 +86,79 @@ def test_every_engine_error_class_is_in_the_tree_under_each_parent() -> None:
     if found == set(PACKAGES):
         assert listed <= known, f"in the tree but no such class: {sorted(listed - known)}"
 
+
+
+def _sample(cls: type) -> BaseException:
+    """An instance of ``cls`` with every attribute its ``__init__`` takes set to a telling value."""
+    import errno
+
+    samples = {
+        "BundleError": lambda: cls("a message", member="plan.json", path="$.tasks[3]"),
+        "BundleFileError": lambda: cls("a message", errno=errno.EACCES, strerror="Permission denied",
+                                       filename="/x.cgb"),
+        "BundleNotFoundError": lambda: cls("a message", errno=errno.ENOENT, strerror="No such file",
+                                           filename="/x.cgb"),
+        "UnconvertedModelError": lambda: cls("a message", filename="m.onnx", model_format="ONNX",
+                                             command="engine convert m.onnx -o m.cgb"),
+        "OutOfMemoryError": lambda: cls(1 << 30, "cpu:0", "the limit", "output 0 ('y') at batch=8"),
+        "SaveError": lambda: cls("a message", path="/x.cgb", errno=errno.ENOSPC),
+        "SaveTargetError": lambda: cls("a message", path="/x", reason="a directory of other files"),
+        "UnsupportedModelError": lambda: cls([_unsupported_node()], "m.onnx"),
+        "PinSymbol": lambda: cls("seq", 16, "the attention Reshape holds 16 only"),
+    }
+    if cls.__name__ in samples:
+        return samples[cls.__name__]()
+    # Any other: the message, and each further required parameter named in its value.
+    import inspect
+
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    args, kwargs = ["a message"], {}
+    for param in params[1:]:
+        value = 7 if str(param.annotation) in ("int", "<class 'int'>") else f"<{param.name}>"
+        if param.default is inspect.Parameter.empty and param.kind is param.KEYWORD_ONLY:
+            kwargs[param.name] = value
+        elif param.default is inspect.Parameter.empty and param.kind is param.POSITIONAL_OR_KEYWORD:
+            args.append(value)
+    return cls(*args, **kwargs)
+
+
+def _unsupported_node():
+    from engine_onnx.errors import UnsupportedNode
+
+    return UnsupportedNode("n1", "Loop", "op type not supported")
+
+
+def _state(error: BaseException) -> tuple:
+    attributes = dict(vars(error))
+    if isinstance(error, OSError):
+        attributes.update(errno=error.errno, strerror=error.strerror, filename=error.filename)
+    return type(error), str(error), error.args, attributes
+
+
+def test_every_engine_error_pickles_with_its_message_and_attributes() -> None:
+    """Errors cross processes (process pools, Ray, pytest-xdist): each comes back the same class,
+    with the same message and every attribute, whatever its ``__init__`` takes."""
+    import pickle
+
+    _import_all()
+    classes = [c for c in _subclasses(EngineError) | {EngineError}
+               if c.__module__.split(".")[0] in PACKAGES and not c.__name__.startswith("_")]
+    assert len(classes) > 15
+    for cls in sorted(classes, key=lambda c: c.__qualname__):
+        if cls.__name__ == "UnsupportedModelError" and importlib.util.find_spec("engine_onnx") is None:
+            continue
+        error = _sample(cls)
+        assert _state(pickle.loads(pickle.dumps(error))) == _state(error), cls.__qualname__
+
+
+def test_the_symbol_pinned_warning_pickles_and_rebuilds_from_its_args() -> None:
+    import pickle
+
+    import pytest
+
+    errors = pytest.importorskip("engine_onnx.errors")
+    pin = errors.SymbolPin("seq", 16, "/layers.0/Reshape", "Reshape", "its shape constant holds 16")
+    warning = errors.SymbolPinnedWarning(pin, "encoder")
+    for copy in (pickle.loads(pickle.dumps(warning)), type(warning)(*warning.args)):
+        assert str(copy) == str(warning) and copy.pin == pin and copy.model == "encoder"
+    assert str(warning).startswith("encoder: seq fixed to 16: /layers.0/Reshape (Reshape)")

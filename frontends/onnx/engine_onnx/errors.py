@@ -86,4 +86,9 @@ class SymbolPinnedWarning(UserWarning):
     def __init__(self, pin: SymbolPin, model: str = "model"):
         self.pin = pin
         self.model = model
-        super().__init__(f"{model}: {pin.describe()}; the bundle takes {pin.symbol} = {pin.value} only")
+        # The arguments, not the message, so that ``cls(*args)`` (pickling, a warning sent from a
+        # pytest-xdist worker) builds the same warning; ``__str__`` gives the message.
+        super().__init__(pin, model)
+
+    def __str__(self) -> str:
+        return f"{self.model}: {self.pin.describe()}; the bundle takes {self.pin.symbol} = {self.pin.value} only"
