@@ -32,4 +32,7 @@ def pytest_args(*, kind: str | None = None, backend: str | None = None, extra: l
     if (kind is None) == (backend is None):
         raise ValueError("give exactly one of kind= or backend=")
     target = ["--engine-kind", kind] if kind is not None else ["--engine-backend", backend]
-    return [suite_dir(), "-p", "engine.testing.plugin", "-p", "no:cacheprovider", *target, *(extra or [])]
+    # --confcutdir: no conftest.py above the suite (a plugin repository's own, with fixtures of the
+    # same names as the suite's, would override them) takes part in the run.
+    return [suite_dir(), f"--confcutdir={suite_dir()}", "-p", "engine.testing.plugin", "-p", "no:cacheprovider",
+            *target, *(extra or [])]
