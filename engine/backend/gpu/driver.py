@@ -31,9 +31,6 @@ class DriverError(EngineError, RuntimeError):
         self.call, self.code, self.name, self.detail = call, int(code), name, detail
         super().__init__(f"{call} failed: {name} ({int(code)}){': ' + detail if detail else ''}")
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.call, self.code, self.name, self.detail))
-
 
 class DeviceFault(DriverError, KernelError):
     """A kernel faulted on the device (illegal address, trap, launch failure) and the driver reports
