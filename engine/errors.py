@@ -19,6 +19,7 @@ module that defines it is named where it is not this one::
      │    ├── CompilerError        engine_cpu.compiler  the C compiler rejected a source (log, command)
      │    ├── LinkDirectiveError   engine_cpu.compiler  (also ValueError) a link directive is malformed
      │    ├── UnknownLibraryError  engine_cpu.libraries (also ValueError) a link option names no provider
+     │    ├── UnitMarkerError      engine_cpu.units     (also ValueError) unit markers of a C source do not pair up
      │    ├── CudaCompileError     engine_cuda.compiler NVRTC rejected a source (log, options, target)
      │    ├── HipCompileError      engine_hip.compiler  hiprtc rejected a source (log, options, target)
      │    └── DeviceFault          engine.backend.gpu.driver  a kernel faulted on the device (a DriverError too)

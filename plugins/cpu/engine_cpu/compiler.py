@@ -15,7 +15,9 @@ Cache: an ``engine.backend.cachefiles.BuildCache`` at ``<cache_dir>/cpu/build`` 
 line, the flags and the linked libraries' identities. The source is always compiled under a
 fixed file name in a private temp dir (``TMPDIR``), never in the cache, so that identical inputs give identical bytes (the ELF records
 the source file name), which keeps concurrent builders' results interchangeable, and so that a
-read-only cache directory still compiles (the result is then kept in memory only).
+read-only cache directory still compiles (the result is then kept in memory only). A source's
+separately compiled units (``engine_cpu.units``) are objects at ``<cache_dir>/cpu/units``
+(``<key>.o``), keyed the same way by the unit's translation unit, and linked into each kernel.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from engine.errors import InputError, KernelError
 
 from engine_cpu.host import host_target
 from engine_cpu.libraries import LibraryRegistry, LinkedLibrary, link_directives
+from engine_cpu.units import split_units
 
 __all__ = ["CCompiler", "CompilerError", "LinkDirectiveError", "BASE_FLAGS", "OPTIONS", "uses_openmp"]
 
@@ -45,6 +48,8 @@ OPTIONS = ("openmp", "flags", "entry", "name", "link")
 
 _SOURCE_NAME = "kernel.c"
 _OUTPUT_NAME = "kernel.so"
+_UNIT_SOURCE_NAME = "unit.c"
+_UNIT_OUTPUT_NAME = "unit.o"
 _TIMEOUT_S = 600
 _OMP_PATTERN = re.compile(r"^\s*#\s*(pragma\s+omp\b|include\s*[<\"]omp\.h[>\"])", re.MULTILINE)
 
@@ -97,6 +102,8 @@ class CCompiler:
         self._lock = threading.Lock()
         # Memoizes verified bytes per key, so repeat loads skip the disk.
         self.cache = BuildCache(self.build_dir, ".so", cache_root=Path(cache_dir))
+        # Objects of the sources' separately compiled units (engine_cpu.units), by the same kind of key.
+        self.units = BuildCache(Path(cache_dir) / "cpu" / "units", ".o", cache_root=Path(cache_dir))
 
     # -- identity ------------------------------------------------------------------------------
     def available(self) -> str | None:
@@ -178,20 +185,44 @@ class CCompiler:
         return key, data
 
     def _run(self, source: str, flags: Sequence[str], libraries: Sequence[LinkedLibrary] = ()) -> bytes:
-        """Compile in a private temp dir under fixed names (reproducible bytes)."""
+        """Compile in a private temp dir under fixed names (reproducible bytes); the source's units
+        (``engine_cpu.units``) come from their own cache and are linked in as objects."""
+        split = split_units(source)
+        objects = [self._unit_object(unit, flags, libraries) for unit in split.units]
+        # Flags go after the source: gcc/clang options are position-independent except -l,
+        # which --as-needed linkers only honour after the objects that need it. A linked
+        # library is named by its file (DT_NEEDED gets its soname) and no -rpath is given.
+        names = [f"unit{i}.o" for i in range(len(objects))]
+        cmd = [*self.command, *self._includes(libraries), _SOURCE_NAME, *names, "-o", _OUTPUT_NAME, *flags,
+               *(str(lib.path) for lib in libraries), "-lm"]
+        inputs = {_SOURCE_NAME: split.own.encode("utf-8"), **dict(zip(names, objects))}
+        return self._invoke(cmd, inputs, _OUTPUT_NAME, "C compilation")
+
+    def _unit_object(self, unit: str, flags: Sequence[str], libraries: Sequence[LinkedLibrary]) -> bytes:
+        """The object file of one unit's translation unit, compiled only on a cache miss."""
+        key = self.cache_key(unit, ("-c", *flags), libraries)
+        cmd = [*self.command, *self._includes(libraries), "-c", _UNIT_SOURCE_NAME, "-o", _UNIT_OUTPUT_NAME, *flags]
+        try:
+            return self.units.get_or_build(key, lambda: self._invoke(cmd, {_UNIT_SOURCE_NAME: unit.encode("utf-8")},
+                                                                     _UNIT_OUTPUT_NAME, "C compilation of a unit"))
+        except OSError as exc:
+            raise KernelError(f"cannot write the CPU build cache {self.units.root}: {exc}; "
+                              "free space there or set ENGINE_CACHE_DIR to a writable directory") from exc
+
+    @staticmethod
+    def _includes(libraries: Sequence[LinkedLibrary]) -> list[str]:
+        return [f"-I{lib.include_dir}" for lib in libraries if lib.include_dir is not None]
+
+    def _invoke(self, cmd: Sequence[str], inputs: Mapping[str, bytes], output: str, what: str) -> bytes:
+        """Run ``cmd`` in a private temp dir holding ``inputs`` (file name -> bytes); ``output``'s bytes."""
         try:
             workdir = tempfile.TemporaryDirectory(prefix="engine-cpu-cc-")
         except OSError as exc:
             raise KernelError(f"cannot create a temporary directory to compile C source in "
                               f"({tempfile.gettempdir()}): {exc}; set TMPDIR to a writable directory") from exc
         with workdir as tmp:
-            Path(tmp, _SOURCE_NAME).write_text(source, encoding="utf-8")
-            # Flags go after the source: gcc/clang options are position-independent except -l,
-            # which --as-needed linkers only honour after the objects that need it. A linked
-            # library is named by its file (DT_NEEDED gets its soname) and no -rpath is given.
-            includes = [f"-I{lib.include_dir}" for lib in libraries if lib.include_dir is not None]
-            cmd = [*self.command, *includes, _SOURCE_NAME, "-o", _OUTPUT_NAME, *flags,
-                   *(str(lib.path) for lib in libraries), "-lm"]
+            for name, data in inputs.items():
+                Path(tmp, name).write_bytes(data)
             self.invocations += 1
             try:
                 proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True,
@@ -204,6 +235,6 @@ class CCompiler:
             log = (proc.stderr + proc.stdout).strip()
             if proc.returncode != 0:
                 raise CompilerError(
-                    f"C compilation failed (exit code {proc.returncode}): {_first_error(log)} "
+                    f"{what} failed (exit code {proc.returncode}): {_first_error(log)} "
                     f"(the compiler's whole output is in .log; command: {shlex.join(cmd)})", log=log, command=cmd)
-            return Path(tmp, _OUTPUT_NAME).read_bytes()
+            return Path(tmp, output).read_bytes()

@@ -6,6 +6,13 @@ each tile is computed by a 4x16 register-blocked micro-kernel over 256-deep slic
 tile routine is compiled twice (``target_clones``: x86-64-v3, i.e. AVX2+FMA, and baseline x86-64), the right one
 picked when the library loads, so the bundle stays portable while using the host's vectors.
 Both compute ``C[M, N] = A[M, K] @ B[K, N]`` (row-major, leading dimensions given).
+
+The routines take every shape as an argument and depend on nothing the kernel defines, so they are
+a separately compiled unit (``engine_cpu.units``): declared at the top of the preamble, defined
+between its unit markers. The CPU plugin compiles them once per kernel cache and links them into
+each kernel. Before, they were compiled again with every Conv, MatMul and Gemm source, which was
+most of a cold conversion's compile time. What must be specialised on a kernel's shape (the
+Conv's packing and tile routines) stays in the kernel's own part.
 """
 
 from engine_onnx.ops.gemm_blas import GEMM_BLAS_PREAMBLE, blas_available
@@ -21,9 +28,40 @@ GEMM_PREAMBLE = r"""
 typedef float v8sf __attribute__((vector_size(32), aligned(4), may_alias));
 #define ld8(p) (*(const v8sf *)(p))
 #define st8(p, v) (*(v8sf *)(p) = (v))
+#define GEMM_KC 256
+#define GEMM_TM 64
+#define GEMM_TN 256
+#define GP_MR 6
+#define GP_NR 16
+#define GP_KC 256
+#define GP_MC 72
+#define GP_NC 256
+/* The routines are compiled once, in the unit below (engine_cpu.units), and linked into each
+   kernel: external, so the kernel's own part can call them, and hidden, so no kernel exports them. */
+#define GEMM_API __attribute__((visibility("hidden")))
+GEMM_API void gemm_simple(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                          const float *B, int64_t ldb, float *C, int64_t ldc);
+GEMM_API void gemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float *C, int64_t ldc);
+GEMM_API void gemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                          const float *B, int64_t ldb, float *C, int64_t ldc);
+GEMM_API void gemm_pack_a(int64_t mc, int64_t kc, const float *A, int64_t lda, float *dst);
+GEMM_API void gemm_pack_b(int64_t kc, int64_t nc, const float *B, int64_t ldb, float *dst);
+GEMM_API void gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float *Ap, const float *Bp, float *C,
+                         int64_t ldc, int acc);
+GEMM_API void gemm_grid(int64_t M, int64_t N, int64_t units, int64_t *tm, int64_t *tn);
 
-static void gemm_simple(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                        const float *B, int64_t ldb, float *C, int64_t ldc) {
+/* K cut into even blocks of at most GP_KC. */
+static inline int64_t gemm_kc(int64_t K) {
+    const int64_t blocks = (K + GP_KC - 1) / GP_KC;
+    return (K + blocks - 1) / blocks;
+}
+#endif
+// engine-cpu: unit begin
+#ifndef ENGINE_ONNX_GEMM_ROUTINES
+#define ENGINE_ONNX_GEMM_ROUTINES
+GEMM_API void gemm_simple(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                          const float *B, int64_t ldb, float *C, int64_t ldc) {
     for (int64_t i = 0; i < M; i++) {
         float *c = C + i * ldc;
         for (int64_t j = 0; j < N; j++) c[j] = 0.0f;
@@ -34,10 +72,6 @@ static void gemm_simple(int64_t M, int64_t N, int64_t K, const float *A, int64_t
         }
     }
 }
-
-#define GEMM_KC 256
-#define GEMM_TM 64
-#define GEMM_TN 256
 
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 static void gemm_tile(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, const float *A, int64_t lda,
@@ -86,8 +120,8 @@ static void gemm_tile(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K,
     }
 }
 
-static void gemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                         const float *B, int64_t ldb, float *C, int64_t ldc) {
+GEMM_API void gemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float *C, int64_t ldc) {
     /* Few rows (a classifier head at batch 1): one wide column band per thread, so each thread
        streams long contiguous runs of B's rows instead of hopping between pages. */
     int64_t tn_width = GEMM_TN;
@@ -116,14 +150,9 @@ static void gemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_
    AVX2 clone's throughput (separate multiply and add instead of FMA). */
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
-#define GP_MR 6
-#define GP_NR 16
-#define GP_KC 256
-#define GP_MC 72
-#define GP_NC 256
 
 /* mc x kc block of A (row stride lda) into MR-row panels, zero-padded to a multiple of MR. */
-static void gemm_pack_a(int64_t mc, int64_t kc, const float *A, int64_t lda, float *dst) {
+GEMM_API void gemm_pack_a(int64_t mc, int64_t kc, const float *A, int64_t lda, float *dst) {
     for (int64_t p = 0; p < mc; p += GP_MR) {
         const int64_t mr = mc - p < GP_MR ? mc - p : GP_MR;
         const float *a = A + p * lda;
@@ -140,7 +169,7 @@ static void gemm_pack_a(int64_t mc, int64_t kc, const float *A, int64_t lda, flo
 }
 
 /* kc x nc block of B (row stride ldb) into NR-column panels, zero-padded to a multiple of NR. */
-static void gemm_pack_b(int64_t kc, int64_t nc, const float *B, int64_t ldb, float *dst) {
+GEMM_API void gemm_pack_b(int64_t kc, int64_t nc, const float *B, int64_t ldb, float *dst) {
     for (int64_t j = 0; j < nc; j += GP_NR) {
         const int64_t nr = nc - j < GP_NR ? nc - j : GP_NR;
         if (nr == GP_NR) {
@@ -156,8 +185,8 @@ static void gemm_pack_b(int64_t kc, int64_t nc, const float *B, int64_t ldb, flo
 
 /* C[mc, nc] (+)= packed A (mc x kc) @ packed B (kc x nc); acc = 0 overwrites C. */
 __attribute__((target_clones("arch=x86-64-v3", "default")))
-static void gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float *Ap, const float *Bp, float *C,
-                       int64_t ldc, int acc) {
+GEMM_API void gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float *Ap, const float *Bp, float *C,
+                         int64_t ldc, int acc) {
     for (int64_t j = 0; j < nc; j += GP_NR) {
         const int64_t nr = nc - j < GP_NR ? nc - j : GP_NR;
         const float *bpanel = Bp + j * kc;
@@ -199,16 +228,10 @@ static void gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float *Ap, cons
     }
 }
 
-/* K cut into even blocks of at most GP_KC. */
-static inline int64_t gemm_kc(int64_t K) {
-    const int64_t blocks = (K + GP_KC - 1) / GP_KC;
-    return (K + blocks - 1) / blocks;
-}
-
 /* The output grid for `units` independent products of M x N (images x groups of a Conv):
    column chunks of at most GP_NC (multiples of NR), split further, then by rows, until every
    thread has work and the tile count is a multiple of the threads (or large). */
-static void gemm_grid(int64_t M, int64_t N, int64_t units, int64_t *tm, int64_t *tn) {
+GEMM_API void gemm_grid(int64_t M, int64_t N, int64_t units, int64_t *tm, int64_t *tn) {
     int64_t threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
@@ -228,8 +251,8 @@ static void gemm_grid(int64_t M, int64_t N, int64_t units, int64_t *tm, int64_t 
     *tm = ((M + cm - 1) / cm + GP_MR - 1) / GP_MR * GP_MR;
 }
 
-static void gemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                        const float *B, int64_t ldb, float *C, int64_t ldc) {
+GEMM_API void gemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                          const float *B, int64_t ldb, float *C, int64_t ldc) {
     int64_t tm, tn;
     gemm_grid(M, N, 1, &tm, &tn);
     const int64_t cm = (M + tm - 1) / tm, cn = (N + tn - 1) / tn, kcb = gemm_kc(K);
@@ -255,6 +278,7 @@ static void gemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t
 }
 #pragma GCC pop_options
 #endif
+// engine-cpu: unit end
 """
 
 def _blas_ready() -> bool:
