@@ -24,17 +24,48 @@ The walk also gives the final check of a symbolic batch (``refused_outputs``): w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Mapping, Protocol, Sequence
 
+import numpy as np
 import onnx
 
 from engine_onnx.dims import Dim, Mono, dim_expr, symbols_of
 from engine_onnx.errors import UnsupportedNode
 
-if TYPE_CHECKING:
-    from engine_onnx.lowering import Lowering
+__all__ = ["BatchFlow", "LoweredGraph", "refused_outputs", "shape_text"]
 
-__all__ = ["BatchFlow", "refused_outputs", "shape_text"]
+
+class _Shaped(Protocol):
+    @property
+    def shape(self) -> tuple[Dim, ...]: ...
+
+
+class LoweredGraph(Protocol):
+    """What the batch flow reads of a lowering (``engine_onnx.lowering.Lowering``). Typed here, not
+    by importing the lowering: the lowering imports the ops, and the ops' context imports this
+    module's types."""
+
+    @property
+    def graph(self) -> onnx.GraphProto: ...
+
+    @property
+    def opset(self) -> int: ...
+
+    @property
+    def inputs(self) -> Sequence[tuple[str, np.dtype, tuple[Dim, ...]]]: ...
+
+    @property
+    def consts(self) -> Mapping[str, np.ndarray]: ...
+
+    @property
+    def tensors(self) -> Mapping[str, _Shaped]: ...
+
+    @property
+    def poisoned(self) -> set[str]: ...
+
+    def attr(self, node: onnx.NodeProto, name: str, default: Any = None) -> Any: ...
+
+    def shape(self, name: str) -> tuple[Dim, ...]: ...
 
 _ELEMENTWISE = frozenset({
     "Relu", "Neg", "Abs", "Clip", "Sign", "Not", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Erf", "Reciprocal",
@@ -62,7 +93,7 @@ def shape_text(shape) -> str:
     return "[" + ", ".join(str(dim_expr(d)) for d in shape) + "]"
 
 
-def _batch_symbol(lowering: "Lowering", batch_symbol: str | None) -> str | None:
+def _batch_symbol(lowering: LoweredGraph, batch_symbol: str | None) -> str | None:
     """The symbol sample-major values lead with: ``batch_symbol``, else the one single-symbol
     leading axis every graph input with a symbolic leading axis shares (None when they differ)."""
     if batch_symbol:
@@ -73,9 +104,9 @@ def _batch_symbol(lowering: "Lowering", batch_symbol: str | None) -> str | None:
 
 
 class BatchFlow:
-    """The sample-major values of one ``Lowering``, computed on demand in node order."""
+    """The sample-major values of one lowering, computed on demand in node order."""
 
-    def __init__(self, lowering: "Lowering", batch_symbol: str | None):
+    def __init__(self, lowering: LoweredGraph, batch_symbol: str | None):
         self._ctx = lowering
         self.symbol = _batch_symbol(lowering, batch_symbol)
         #: Whether the user asked for the batch symbol (then outputs are checked: ``refused_outputs``).
@@ -135,7 +166,7 @@ class BatchFlow:
         return True
 
 
-def refused_outputs(lowering: "Lowering", flow: BatchFlow) -> list[UnsupportedNode]:
+def refused_outputs(lowering: LoweredGraph, flow: BatchFlow) -> list[UnsupportedNode]:
     """With a batch symbol asked for, the graph outputs declared with the batch on axis 0 (the
     declared leading size of the graph's inputs) that do not carry the symbol there: rows of such an
     output would not be the samples'."""

@@ -20,7 +20,7 @@ shape inference gives it before they are lowered), the producer's output read by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import attrs
 import numpy as np
@@ -29,9 +29,23 @@ if TYPE_CHECKING:
     import onnx
 
     from engine_onnx.dims import Dim
-    from engine_onnx.lowering import Lowering
 
-__all__ = ["ConcatSlice", "ConcatSlices", "ConcatFill"]
+__all__ = ["ConcatSlice", "ConcatSlices", "ConcatFill", "SliceHost"]
+
+
+class SliceHost(Protocol):
+    """What ``ConcatSlices.take`` asks of the lowering: a part of ``ops.context.LoweringContext``,
+    typed here because that context imports this module's types."""
+
+    def sole_value_consumer(self, name: str) -> onnx.NodeProto | None: ...
+
+    def attr(self, node: onnx.NodeProto, name: str, default: Any = None) -> Any: ...
+
+    def static_size(self, name: str, axis: int) -> int | None: ...
+
+    def next_id(self) -> int: ...
+
+    def mark_sliced(self, name: str, dtype: np.dtype, shape: Sequence[Dim]) -> None: ...
 
 
 @attrs.frozen
@@ -63,7 +77,7 @@ class ConcatSlices:
 
     _fills: dict[str, ConcatFill] = attrs.field(factory=dict)
 
-    def take(self, ctx: Lowering, name: str, dtype: np.dtype, shape: Sequence[Dim]) -> ConcatSlice | None:
+    def take(self, ctx: SliceHost, name: str, dtype: np.dtype, shape: Sequence[Dim]) -> ConcatSlice | None:
         """A slice for the producer of ``name`` (``dtype``, ``shape``), or None where ``name`` is
         not eligible. Taking it commits: the caller must emit ``slice.name`` next."""
         node = ctx.sole_value_consumer(name)

@@ -38,7 +38,7 @@ from engine.backend import BinaryPayload, CandidateSpec, KernelBase, LaunchDims,
 from engine.backend import NativeLaunch
 
 if TYPE_CHECKING:
-    from engine_cpu.program import Library
+    from engine_cpu.opened import Library
 
 __all__ = ["CpuKernel", "CpuPreparedLaunch", "ENTRY_ARGTYPES", "ENTRY_RESTYPE"]
 
