@@ -60,7 +60,17 @@ def mlp_bundle(tmp_path_factory, registry) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip `gpu` tests, with the reason, where no GPU exists (probing is done by each test's plugin)."""
+    """Files with the most `slow` tests first; skip `gpu` tests, with the reason, where no GPU exists
+    (probing is done by each test's plugin).
+
+    The order is for ``scripts/test``'s parallel workers (pytest-xdist, ``--dist loadfile``), which
+    take whole files in collection order: a long file collected last would run on alone after the
+    others are done. Within a file the order is unchanged, and the sort is stable, so every worker
+    collects the same order."""
+    slow: dict[Path, int] = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[item.path])
     for item in items:
         # The marker, not the keyword: "gpu" is also the name of the tests/gpu folder, whose CPU
         # cases must run everywhere.
