@@ -125,7 +125,8 @@ def test_inside_an_active_virtual_environment_they_install_there(tmp_path):
     # The test command picks its Python as the demo does (scripts/_python.sh) and installs into it:
     # the active environment here. Its own install and run from scratch are the scenario above's.
     chosen, _ = _chosen_python(tree, env)
-    assert chosen == str(venv / "bin" / "python") and not (tree / ".venv").exists()
+    assert shutil.which(chosen, path=env["PATH"]) == str(venv / "bin" / chosen)
+    assert not (tree / ".venv").exists()
 
 
 def _chosen_python(tree: Path, env: dict[str, str]) -> tuple[str, str]:
