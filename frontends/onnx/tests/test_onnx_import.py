@@ -44,7 +44,7 @@ def _quick(graph):
 
 
 #: The ONNX Runtime session of the last model run, kept so that a model checked at two batches is
-#: serialised and loaded once (vgg19: 575 MB, seconds each time).
+#: serialised and loaded once (the large light models take seconds each time).
 _LAST_SESSION: list[tuple[onnx.ModelProto, ort.InferenceSession]] = []
 
 
