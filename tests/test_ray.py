@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -153,13 +154,29 @@ def test_placement_follows_ray_resources():
 
 
 # -- one copy of the weights per node ------------------------------------------------------------------
+_LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$")
+
+
 def smaps(pid: int) -> dict[str, int]:
-    """``/proc/<pid>/smaps_rollup`` in bytes (Pss: shared pages divided among the processes mapping them)."""
+    """``/proc/<pid>/smaps_rollup`` in bytes (Pss: shared pages divided among the processes mapping
+    them), and ``PssLibraries``: the Pss of its shared-library mappings (from ``/proc/<pid>/smaps``).
+
+    Libraries are what the weights' count leaves out: their Pss moves whenever any other process on
+    the machine (another test worker, a compiler, a forked child) maps or drops the same library,
+    which says nothing about copies of the weights."""
     out = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[2] == "kB":
             out[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    libraries, in_library = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        parts = line.split()
+        if parts and not parts[0].endswith(":"):  # a mapping's header: address perms offset dev inode [path]
+            in_library = len(parts) >= 6 and _LIBRARY.search(parts[5]) is not None
+        elif in_library and parts[:1] == ["Pss:"]:
+            libraries += int(parts[1]) * 1024
+    out["PssLibraries"] = libraries
     return out
 
 
@@ -221,8 +238,9 @@ def probes(cluster):
 def load_everywhere(probes, source, column: str, n: int) -> tuple[int, list[int], list[int], list]:
     """Load ``source`` in the 4 probes (a ``str`` by path, otherwise through the object store) and run it.
 
-    Returns the growth of Σ PSS over {driver, raylet, the 4 actors} (the raylet and the driver map the
-    object store; pages the store reuses from an earlier, freed object do not grow it), then each
+    Returns the growth of Σ PSS over {driver, raylet, the 4 actors}, shared libraries left out
+    (``smaps``; the raylet and the driver map the object store; pages the store reuses from an
+    earlier, freed object do not grow it), then each
     actor's growth of RSS (it touched the weights) and of private memory (a copy would be private),
     in bytes, and the actors' results.
     """
@@ -235,7 +253,12 @@ def load_everywhere(probes, source, column: str, n: int) -> tuple[int, list[int]
     gc.collect()
     after = [smaps(p) for p in fixed]
     ray.get([a.drop.remote() for a in actors])
-    total = sum(a["Pss"] - b["Pss"] for a, b in zip(after, before))
+    growth = [(a["Pss"] - a["PssLibraries"]) - (b["Pss"] - b["PssLibraries"]) for a, b in zip(after, before)]
+    total = sum(growth)
+    libraries = [a["PssLibraries"] - b["PssLibraries"] for a, b in zip(after, before)]
+    print(f"\nPss growth without libraries, MiB: driver {growth[0] / MiB:.1f}, raylet {growth[1] / MiB:.1f}, "
+          f"actors {', '.join(f'{g / MiB:.1f}' for g in growth[2:])}; libraries' Pss growth, MiB: "
+          f"{', '.join(f'{g / MiB:.1f}' for g in libraries)}")
     rss = [a["Rss"] - b["Rss"] for a, b in zip(after[2:], before[2:])]
     private = [(a["Private_Clean"] + a["Private_Dirty"]) - (b["Private_Clean"] + b["Private_Dirty"])
                for a, b in zip(after[2:], before[2:])]
