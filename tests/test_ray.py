@@ -158,25 +158,23 @@ _LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$")
 
 
 def smaps(pid: int) -> dict[str, int]:
-    """``/proc/<pid>/smaps_rollup`` in bytes (Pss: shared pages divided among the processes mapping
-    them), and ``PssLibraries``: the Pss of its shared-library mappings (from ``/proc/<pid>/smaps``).
+    """``/proc/<pid>/smaps`` summed over its mappings, in bytes (Pss: shared pages divided among the
+    processes mapping them), and ``PssLibraries``: the Pss of its shared-library mappings.
 
     Libraries are what the weights' count leaves out: their Pss moves whenever any other process on
     the machine (another test worker, a compiler, a forked child) maps or drops the same library,
-    which says nothing about copies of the weights."""
-    out = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[2] == "kB":
-            out[parts[0].rstrip(":")] = int(parts[1]) * 1024
-    libraries, in_library = 0, False
+    which says nothing about copies of the weights. One read gives both, so they agree."""
+    out: dict[str, int] = {"PssLibraries": 0}
+    in_library = False
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         parts = line.split()
         if parts and not parts[0].endswith(":"):  # a mapping's header: address perms offset dev inode [path]
             in_library = len(parts) >= 6 and _LIBRARY.search(parts[5]) is not None
-        elif in_library and parts[:1] == ["Pss:"]:
-            libraries += int(parts[1]) * 1024
-    out["PssLibraries"] = libraries
+        elif len(parts) == 3 and parts[2] == "kB":
+            field, size = parts[0].rstrip(":"), int(parts[1]) * 1024
+            out[field] = out.get(field, 0) + size
+            if in_library and field == "Pss":
+                out["PssLibraries"] += size
     return out
 
 

@@ -25,7 +25,6 @@ source's.
 from __future__ import annotations
 
 import re
-from typing import Sequence
 
 import attrs
 
@@ -80,14 +79,10 @@ def split_units(source: str) -> SplitSource:
             if body not in seen:
                 seen.add(body)
                 units.append("".join(outside) + "\n" + body)  # the blank line stands for the begin marker
-            outside.extend(_blank(lines[begin - 1:number]))
+            outside.extend(["\n"] * (number - begin + 1))  # the unit and its markers, blank
             begin = None
         elif begin is None:
             outside.append(line)
     if begin is not None:
         raise UnitMarkerError(f"C source line {begin}: '{UNIT_BEGIN}' has no '{UNIT_END}' after it", line=begin)
     return SplitSource("".join(outside), tuple(units))
-
-
-def _blank(lines: Sequence[str]) -> list[str]:
-    return ["\n"] * len(lines)
