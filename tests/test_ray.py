@@ -15,6 +15,7 @@ import re
 import sys
 import threading
 import time
+import tracemalloc
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -142,6 +143,34 @@ def test_bad_columns_are_one_line_errors(mlp_bundle):
         put_bundle(42)
 
 
+def test_a_graph_or_directory_bundle_goes_through_the_store_with_its_current_weights(cluster, mlp_bundle,
+                                                                                       registry, tmp_path):
+    x = rows(np.arange(8))
+    with engine.load_compiled_graph(mlp_bundle, registry=registry) as graph:
+        graph.set_weights([np.asarray(w) * 0.5 for w in graph.weights])
+        want = graph.run_async([x])[0].numpy().copy()
+        graph.save(tmp_path / "dir", form="dir", save_dispatch_table=True)
+        refs = [put_bundle(graph), put_bundle(tmp_path / "dir")]
+    for ref in refs:
+        with engine.ray.load_graph(ref, registry=registry) as loaded:
+            np.testing.assert_allclose(loaded.run_async([x])[0].numpy(), want, rtol=1e-6)
+
+
+def test_put_bundle_names_the_temporary_directory_it_cannot_write(cluster, mlp_bundle, registry, tmp_path,
+                                                                  monkeypatch):
+    import tempfile
+
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_bytes(b"")
+    monkeypatch.setattr(tempfile, "tempdir", str(not_a_directory))  # what TMPDIR sets
+    with engine.load_compiled_graph(mlp_bundle, registry=registry) as graph:
+        with pytest.raises(engine.SaveError, match=rf"^put_bundle: writing the zip form of the graph to a temporary "
+                                                   rf"file in '{not_a_directory}' failed \(.+\); set TMPDIR to a "
+                                                   rf"directory with room for the bundle$") as info:
+            put_bundle(graph)
+    assert info.value.path == str(not_a_directory)
+
+
 def test_placement_follows_ray_resources():
     cpu = choose_placement(None, [], None, ["cpu"])
     assert cpu.device is None and "no GPU" in cpu.reason
@@ -159,22 +188,25 @@ _LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$")
 
 def smaps(pid: int) -> dict[str, int]:
     """``/proc/<pid>/smaps`` summed over its mappings, in bytes (Pss: shared pages divided among the
-    processes mapping them), and ``PssLibraries``: the Pss of its shared-library mappings.
+    processes mapping them), with two parts of the Pss apart: ``PssLibraries``, that of its
+    shared-library mappings, and ``PssAnonymous``, that of mappings backed by no file (the heap).
 
     Libraries are what the weights' count leaves out: their Pss moves whenever any other process on
     the machine (another test worker, a compiler, a forked child) maps or drops the same library,
-    which says nothing about copies of the weights. One read gives both, so they agree."""
-    out: dict[str, int] = {"PssLibraries": 0}
-    in_library = False
+    which says nothing about copies of the weights. One read gives all three, so they agree."""
+    out: dict[str, int] = {"PssLibraries": 0, "PssAnonymous": 0}
+    kind = ""
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         parts = line.split()
         if parts and not parts[0].endswith(":"):  # a mapping's header: address perms offset dev inode [path]
-            in_library = len(parts) >= 6 and _LIBRARY.search(parts[5]) is not None
+            name = parts[5] if len(parts) >= 6 else ""
+            kind = ("PssLibraries" if _LIBRARY.search(name) else
+                    "PssAnonymous" if not name.startswith("/") else "")
         elif len(parts) == 3 and parts[2] == "kB":
             field, size = parts[0].rstrip(":"), int(parts[1]) * 1024
             out[field] = out.get(field, 0) + size
-            if in_library and field == "Pss":
-                out["PssLibraries"] += size
+            if kind and field == "Pss":
+                out[kind] += size
     return out
 
 
@@ -233,42 +265,55 @@ def probes(cluster):
         ray.kill(actor)
 
 
-def load_everywhere(probes, source, column: str, n: int) -> tuple[int, list[int], list[int], list]:
+def load_everywhere(probes, source, column: str, n: int) -> tuple[int, int, list[int], list[int], list]:
     """Load ``source`` in the 4 probes (a ``str`` by path, otherwise through the object store) and run it.
 
     Returns the growth of Σ PSS over {driver, raylet, the 4 actors}, shared libraries left out
-    (``smaps``; the raylet and the driver map the object store; pages the store reuses from an
-    earlier, freed object do not grow it), then each
-    actor's growth of RSS (it touched the weights) and of private memory (a copy would be private),
-    in bytes, and the actors' results.
+    (``smaps``), and so is the driver's anonymous memory: the raylet and the driver map the object
+    store, and pages the store reuses from an earlier, freed object do not grow it. The driver's
+    heap is the second figure instead: the most ``put_bundle`` held allocated at once, counted by
+    ``tracemalloc`` (what the C allocator keeps of freed memory depends on everything the long-lived
+    test process did before, and so says nothing of this put). Then each actor's growth of RSS (it
+    touched the weights) and of private memory (a copy would be private), in bytes, and the actors'
+    results.
     """
     actors, fixed, pids = probes
     before = [smaps(p) for p in fixed]
-    ref = put_bundle(source) if not isinstance(source, str) else source
+    tracemalloc.start()
+    try:
+        ref = put_bundle(source) if not isinstance(source, str) else source
+        # A directory-form bundle is converted by loading it in the driver: that graph (reference
+        # cycles) may still hold the weights until collected; the node's steady state is without it.
+        gc.collect()
+        heap_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
     results = ray.get([a.load.remote([ref], column, n) for a in actors])
-    # A directory-form bundle is converted by loading it in the driver: that graph (reference
-    # cycles) still maps the weights' file until collected; the node's steady state is without it.
     gc.collect()
     after = [smaps(p) for p in fixed]
     ray.get([a.drop.remote() for a in actors])
-    growth = [(a["Pss"] - a["PssLibraries"]) - (b["Pss"] - b["PssLibraries"]) for a, b in zip(after, before)]
-    total = sum(growth)
-    libraries = [a["PssLibraries"] - b["PssLibraries"] for a, b in zip(after, before)]
-    print(f"\nPss growth without libraries, MiB: driver {growth[0] / MiB:.1f}, raylet {growth[1] / MiB:.1f}, "
-          f"actors {', '.join(f'{g / MiB:.1f}' for g in growth[2:])}; libraries' Pss growth, MiB: "
-          f"{', '.join(f'{g / MiB:.1f}' for g in libraries)}")
+    counted = [a["Pss"] - a["PssLibraries"] - (a["PssAnonymous"] if i == 0 else 0) for i, a in enumerate(after)]
+    counted_before = [b["Pss"] - b["PssLibraries"] - (b["PssAnonymous"] if i == 0 else 0)
+                      for i, b in enumerate(before)]
+    growth = [a - b for a, b in zip(counted, counted_before)]
+    print(f"\nPss growth without libraries (the driver's: without its heap), MiB: driver {growth[0] / MiB:.1f}, "
+          f"raylet {growth[1] / MiB:.1f}, actors {', '.join(f'{g / MiB:.1f}' for g in growth[2:])}; "
+          f"the driver's anonymous Pss growth {(after[0]['PssAnonymous'] - before[0]['PssAnonymous']) / MiB:.1f} MiB, "
+          f"put_bundle's heap peak {heap_peak / MiB:.1f} MiB")
     rss = [a["Rss"] - b["Rss"] for a, b in zip(after[2:], before[2:])]
     private = [(a["Private_Clean"] + a["Private_Dirty"]) - (b["Private_Clean"] + b["Private_Dirty"])
                for a, b in zip(after[2:], before[2:])]
-    return total, rss, private, results
+    return sum(growth), heap_peak, rss, private, results
 
 
-def check_one_copy(what: str, total: int, rss: list[int], private: list[int], nbytes: int) -> None:
+def check_one_copy(what: str, total: int, heap_peak: int, rss: list[int], private: list[int], nbytes: int) -> None:
     print(f"\n{what}: node PSS growth {total / MiB:.1f} MiB ({total / nbytes:.2f} copies); actors' RSS growth "
           f"{', '.join(f'{r / MiB:.1f}' for r in rss)} MiB, private growth "
           f"{', '.join(f'{p / MiB:.1f}' for p in private)} MiB")
     assert all(r > 0.9 * nbytes for r in rss), f"an actor did not map the weights: RSS growth {rss}"
     assert all(p < nbytes / 4 for p in private), f"an actor holds a private copy: private growth {private}"
+    # Reading a bundle streams through bounded chunks; a copy of the weights would be all of them.
+    assert heap_peak < nbytes / 2, f"put_bundle held {heap_peak} bytes of the driver's heap at once"
     assert total < 2 * nbytes, f"node memory grew by {total / nbytes:.2f} copies of the weights"
 
 
@@ -279,9 +324,9 @@ def test_four_actors_share_one_copy_of_256_mib(probes, tmp_path_factory, registr
     weights = 8192 * 8192 * 4
     with engine.load_compiled_graph(path, registry=registry, dispatch_policy="first") as graph:
         want = graph.run_async([np.ones((2, 8192), np.float32)])[0].numpy().tolist()
-    total, rss, private, results = load_everywhere(probes, path, "x", 2)
+    total, heap_peak, rss, private, results = load_everywhere(probes, path, "x", 2)
     assert all(np.allclose(r, want, rtol=1e-5) for r in results)
-    check_one_copy("256 MiB bundle, 4 actors", total, rss, private, weights)
+    check_one_copy("256 MiB bundle, 4 actors", total, heap_peak, rss, private, weights)
 
 
 BYTESUM = r"""
@@ -326,9 +371,9 @@ def test_one_copy_for_every_dtype_and_directory_bundles(probes, tmp_path, regist
     nbytes = 64 * MiB
     path = tmp_path / ("b.cgb" if form == "zip" else "b")
     add = bytesum_bundle(path, getattr(engine, dtype), nbytes, registry, form)
-    total, rss, private, results = load_everywhere(probes, str(path) if via == "path" else path, "x", 3)
+    total, heap_peak, rss, private, results = load_everywhere(probes, str(path) if via == "path" else path, "x", 3)
     assert all(r == [1.0 + add] * 3 for r in results)
-    check_one_copy(f"{dtype}, {form} form, via {via}", total, rss, private, nbytes)
+    check_one_copy(f"{dtype}, {form} form, via {via}", total, heap_peak, rss, private, nbytes)
 
 
 # -- serving --------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from engine.errors import BundleError
 from engine.safefiles import fsync_dir
 
 __all__ = ["MemberData", "WEIGHTS_ALIGNMENT", "WEIGHTS_MEMBER", "write_order", "write_zip", "write_tree",
-           "bundle_to_bytes", "copy_members"]
+           "bundle_to_file", "bundle_to_bytes", "copy_members"]
 
 WEIGHTS_ALIGNMENT = 4096
 WEIGHTS_MEMBER = "weights.bin"
@@ -235,11 +235,16 @@ def write_tree(root: Path, members: Mapping[str, MemberData], order: list[str], 
 
 
 # ---- in memory, and re-saving -----------------------------------------------------------------
+def bundle_to_file(fp: BinaryIO, members: Mapping[str, MemberData], *, engine_version: str) -> Manifest:
+    """The zip form written into ``fp`` from its current position (byte-identical to what
+    write_bundle writes for the same members); nothing about replacing a file, no fsync."""
+    return write_zip(fp, members, write_order(members, engine_version), engine_version)
+
+
 def bundle_to_bytes(members: Mapping[str, MemberData], *, engine_version: str) -> bytes:
     """The zip form in memory (byte-identical to what write_bundle writes for the same members)."""
-    order = write_order(members, engine_version)
     buf = io.BytesIO()
-    write_zip(buf, members, order, engine_version)
+    bundle_to_file(buf, members, engine_version=engine_version)
     return buf.getvalue()
 
 

@@ -10,13 +10,15 @@ CPU they are never copied; ``docs/runtime.md`` §1). The zip form keeps ``weight
 
 from __future__ import annotations
 
+import mmap
 import os
+import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Union
 
 import numpy as np
 
-from engine.errors import InputError
+from engine.errors import EngineError, InputError, SaveError
 from engine.plugins import Registry
 from engine.runtime.compiled_graph import CompiledGraph, load_compiled_graph
 
@@ -33,15 +35,16 @@ BundleSource = Union[str, os.PathLike, "ray.ObjectRef", np.ndarray, bytes, bytea
 def put_bundle(bundle: str | os.PathLike | CompiledGraph | bytes | bytearray | memoryview) -> Any:
     """Put a bundle into Ray's object store once; returns the ``ObjectRef`` to hand to workers.
 
-    A zip bundle's file is mapped and copied straight into the store (no copy in this process's
-    heap). A directory-form bundle or a ``CompiledGraph`` is written as the zip form in memory first
-    (``CompiledGraph.to_bytes``: current weights and dispatch table). Every worker on a node then
-    maps the same bytes.
+    A zip bundle's file is mapped and copied straight into the store. A directory-form bundle or a
+    ``CompiledGraph`` is first written as the zip form (``CompiledGraph.write_to``: current weights
+    and dispatch table) into an unnamed temporary file (``tempfile``'s directory, ``TMPDIR``), which
+    is mapped the same way: this process's heap never holds a copy of the weights, however big.
+    Every worker on a node then maps the same bytes.
     """
     import ray
 
     if isinstance(bundle, CompiledGraph):
-        return ray.put(np.frombuffer(bundle.to_bytes(), dtype=np.uint8))
+        return _put_zip_form(bundle, "the graph")
     if isinstance(bundle, (bytes, bytearray, memoryview)):
         return ray.put(np.frombuffer(bundle, dtype=np.uint8))
     if not isinstance(bundle, (str, os.PathLike)):
@@ -50,16 +53,48 @@ def put_bundle(bundle: str | os.PathLike | CompiledGraph | bytes | bytearray | m
     path = Path(bundle)
     if path.is_dir():
         with load_compiled_graph(path) as graph:
-            return ray.put(np.frombuffer(graph.to_bytes(), dtype=np.uint8))
+            return _put_zip_form(graph, repr(str(path)))
     if not path.is_file():
         raise InputError(f"put_bundle: {str(path)!r} is neither a bundle file nor a bundle directory")
     if path.stat().st_size == 0:
         raise InputError(f"put_bundle: {str(path)!r} is empty, not a bundle")
-    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    with open(path, "rb") as file:
+        return _put_mapped(file)
+
+
+def _put_zip_form(graph: CompiledGraph, what: str) -> Any:
     try:
-        return ray.put(np.asarray(mapped))
-    finally:
-        del mapped
+        file = tempfile.TemporaryFile(prefix="engine-put-")
+    except OSError as exc:
+        raise _temporary_file_error(what, exc) from exc
+    with file:
+        try:
+            graph.write_to(file)
+            file.flush()
+        except EngineError:
+            raise  # the bundle's own errors (a weight that cannot be read) say what they are
+        except OSError as exc:
+            raise _temporary_file_error(what, exc) from exc
+        return _put_mapped(file)
+
+
+def _temporary_file_error(what: str, exc: OSError) -> SaveError:
+    where = tempfile.gettempdir()
+    return SaveError(f"put_bundle: writing the zip form of {what} to a temporary file in {where!r} failed "
+                     f"({exc.strerror or exc}); set TMPDIR to a directory with room for the bundle",
+                     path=where, errno=exc.errno)
+
+
+def _put_mapped(file: BinaryIO) -> Any:
+    """``ray.put`` of a file's bytes as a ``uint8`` array, read through a map (no heap copy)."""
+    import ray
+
+    with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        array = np.frombuffer(mapped, dtype=np.uint8)
+        try:
+            return ray.put(array)
+        finally:
+            del array  # the map cannot close while a view of it lives
 
 
 def bundle_buffer(source: BundleSource) -> str | os.PathLike | memoryview:

@@ -18,7 +18,7 @@ import pickle
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Literal, Sequence, cast
 
 import attrs
 import numpy as np
@@ -26,7 +26,7 @@ import numpy as np
 from engine.bundle.contents import BundleContents, bundle_members, read_bundle
 from engine.bundle.save import write_bundle
 from engine.bundle.schema import GraphExecution, GraphMetaData
-from engine.bundle.writer import MemberData, bundle_to_bytes
+from engine.bundle.writer import MemberData, bundle_to_bytes, bundle_to_file
 from engine.device import Device
 from engine.errors import BundleError, InputError, OutOfMemoryError, Unsupported
 from engine.plugins import Registry, default_registry
@@ -534,6 +534,13 @@ class CompiledGraph:
         """The bundle as bytes, dispatch table and current weights included (used by pickling)."""
         return bundle_to_bytes(self._members(save_dispatch_table=True, save_weights=True),
                                engine_version=ENGINE_VERSION)
+
+    def write_to(self, fp: BinaryIO) -> None:
+        """Write what ``to_bytes`` returns into ``fp`` (seekable, binary, at its start) without building
+        it in memory: the weights stream from where they are. ``engine.ray.put_bundle`` writes a
+        temporary file this way and maps it, so the heap never holds a copy of the weights."""
+        bundle_to_file(fp, self._members(save_dispatch_table=True, save_weights=True),
+                       engine_version=ENGINE_VERSION)
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         device = None
