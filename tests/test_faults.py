@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import random
 import re
@@ -212,38 +213,66 @@ def saver(target: Path, members: dict, form: str) -> Callable[[], None]:
     return lambda: save_mod.write_bundle(target, members, engine_version="faults", form=form)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("form", ["zip", "dir"])
-def test_save_killed_at_every_point_keeps_the_old_bundle(tmp_path, registry, form):
-    """SIGKILL at every line the writer executes, one child per line, until a save completes.
+def kill_at_every_line(target: str, form: str, cache: str) -> dict:
+    """Save a new bundle over an old one, SIGKILLed at every line the writer executes, one child
+    per line, until a save completes; each kill starts from the old bundle.
 
-    Lines are a superset of the points that matter (each ``os.open``, write, ``fsync``, rename,
-    exchange and removal is its own line); kills inside one call are the random-moment test's job.
-    """
-    target = tmp_path / "b.cgb"
-    save_old = saver(target, small_graph(registry, 1.0).members(), form)
-    save_new = saver(target, small_graph(registry, 2.0).members(), form)
+    Returns, for each kill, which bundle ``target`` then held (``old``, ``new`` or ``other``) and
+    the other entries of its directory; then whether the old and new bundles differ, and the
+    directory and bundle after one more save of the old bundle (which removes what kills left).
+    Run in a fresh process (``KILL_SCRIPT``): see the test."""
+    path = Path(target)
+    registry = make_registry(Path(cache))
+    save_old = saver(path, small_graph(registry, 1.0).members(), form)
+    save_new = saver(path, small_graph(registry, 2.0).members(), form)
     save_new()
-    new = snapshot(target)
+    new = snapshot(path)
     save_old()
-    old = snapshot(target)
-    assert old != new
-
-    states, line = [], 0
+    old = snapshot(path)
+    kills, line = [], 0
     while True:
         line += 1
         if not in_child(lambda: save_and_die_at(line, save_new)):
             break  # the save ran to the end without reaching that line
-        states.append(check_after_kill(tmp_path, target, old, new))
-        if states[-1] == "new":
-            save_old()  # start every kill from the old bundle
+        state = snapshot(path)
+        kills.append(["old" if state == old else "new" if state == new else "other",
+                      [n for n in listing(path.parent) if n != path.name]])
+        if kills[-1][0] == "new":
+            save_old()
+    save_old()
+    return {"kills": kills, "differ": old != new, "listing": listing(path.parent), "old": snapshot(path) == old}
+
+
+KILL_SCRIPT = "import json, sys, test_faults; print(json.dumps(test_faults.kill_at_every_line(*sys.argv[1:])))"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["zip", "dir"])
+def test_save_killed_at_every_point_keeps_the_old_bundle(tmp_path, session_cache, form):
+    """SIGKILL at every line the writer executes, one child per line, until a save completes.
+
+    Lines are a superset of the points that matter (each ``os.open``, write, ``fsync``, rename,
+    exchange and removal is its own line); kills inside one call are the random-moment test's job.
+    The children fork from a fresh process that has loaded only the engine: forked from a test
+    worker that has loaded the importer, ONNX Runtime and Ray, each costs several times more.
+    """
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                                     os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "b.cgb"), form, str(session_cache)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["differ"]
+    states = [state for state, _ in result["kills"]]
+    assert "other" not in states, "a kill left something at the target that is neither bundle whole"
+    for _, extra in result["kills"]:
+        assert all(TEMPORARY.fullmatch(n) for n in extra), extra
+        assert len(extra) <= 2, extra  # each save removes what the previous killed one left
     # Killed before the atomic swap: the old bundle; after it: the new one. Never anything else.
     swapped = states.index("new")
     assert swapped > 0 and set(states[:swapped]) == {"old"} and set(states[swapped:]) == {"new"}
     assert len(states) > 100
-    save_old()  # the next save removes every abandoned temporary
-    assert listing(tmp_path) == ["b.cgb"] and snapshot(target) == old
-    run_bundle(target, tmp_path.parent / f"{tmp_path.name}-cache", 1.0)
+    assert result["listing"] == ["b.cgb"] and result["old"]  # the next save removed every abandoned temporary
 
 
 @pytest.mark.parametrize("form", ["zip", "dir"])
