@@ -261,7 +261,7 @@ def test_save_killed_at_every_point_keeps_the_old_bundle(tmp_path, session_cache
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "b.cgb"), form, str(session_cache)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+    result = json.loads(proc.stdout.splitlines()[-1])
     assert result["differ"]
     states = [state for state, _ in result["kills"]]
     assert "other" not in states, "a kill left something at the target that is neither bundle whole"
@@ -273,6 +273,7 @@ def test_save_killed_at_every_point_keeps_the_old_bundle(tmp_path, session_cache
     assert swapped > 0 and set(states[:swapped]) == {"old"} and set(states[swapped:]) == {"new"}
     assert len(states) > 100
     assert result["listing"] == ["b.cgb"] and result["old"]  # the next save removed every abandoned temporary
+    run_bundle(tmp_path / "b.cgb", tmp_path.parent / f"{tmp_path.name}-cache", 1.0)
 
 
 @pytest.mark.parametrize("form", ["zip", "dir"])
