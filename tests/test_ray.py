@@ -164,9 +164,10 @@ def test_put_bundle_names_the_temporary_directory_it_cannot_write(cluster, mlp_b
     not_a_directory.write_bytes(b"")
     monkeypatch.setattr(tempfile, "tempdir", str(not_a_directory))  # what TMPDIR sets
     with engine.load_compiled_graph(mlp_bundle, registry=registry) as graph:
-        with pytest.raises(engine.SaveError, match=rf"^put_bundle: writing the zip form of the graph to a temporary "
-                                                   rf"file in '{not_a_directory}' failed \(.+\); set TMPDIR to a "
-                                                   rf"directory with room for the bundle$") as info:
+        with pytest.raises(engine.SaveError, match=rf"^put_bundle: cannot write the zip form of the graph to a "
+                                                   rf"temporary file in '{not_a_directory}': a component of the path "
+                                                   rf"is not a directory \(.+\); set TMPDIR to a directory with "
+                                                   rf"room for the bundle$") as info:
             put_bundle(graph)
     assert info.value.path == str(not_a_directory)
 

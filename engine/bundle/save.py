@@ -34,7 +34,7 @@ from engine.bundle.writer import MemberData, write_order, write_tree, write_zip
 from engine.errors import SaveError, SaveTargetError
 from engine.safefiles import FLOCK, fsync_dir, lock_fd
 
-__all__ = ["check_save_target", "write_bundle"]
+__all__ = ["check_save_target", "write_bundle", "write_failure"]
 
 
 def _remove(path: Path) -> None:
@@ -240,11 +240,15 @@ _SAVE_REASONS = {
 }
 
 
+def write_failure(exc: OSError) -> str:
+    """Why a write failed, in words, then the system's own text: what every ``SaveError`` says."""
+    reason = _SAVE_REASONS.get(exc.errno or 0, "the operating system refused")  # errno None: no reason known
+    return f"{reason} ({exc.strerror or exc}" + (f" at {exc.filename!r})" if exc.filename else ")")
+
+
 def _save_error(target: Path, exc: OSError) -> SaveError:
     """``exc`` as a one-line ``SaveError`` naming the target and the reason in words."""
-    reason = _SAVE_REASONS.get(exc.errno or 0, "the operating system refused")  # errno None: no reason known
-    detail = f"{exc.strerror or exc}" + (f" at {exc.filename!r}" if exc.filename else "")
-    return SaveError(f"cannot save the bundle {os.fspath(target)!r}: {reason} ({detail}); "
+    return SaveError(f"cannot save the bundle {os.fspath(target)!r}: {write_failure(exc)}; "
                      "the bundle that was there, if any, is unchanged", path=os.fspath(target), errno=exc.errno)
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Union
 
 import numpy as np
 
+from engine.bundle.save import write_failure
 from engine.errors import EngineError, InputError, SaveError
 from engine.plugins import Registry
 from engine.runtime.compiled_graph import CompiledGraph, load_compiled_graph
@@ -80,8 +81,8 @@ def _put_zip_form(graph: CompiledGraph, what: str) -> Any:
 
 def _temporary_file_error(what: str, exc: OSError) -> SaveError:
     where = tempfile.gettempdir()
-    return SaveError(f"put_bundle: writing the zip form of {what} to a temporary file in {where!r} failed "
-                     f"({exc.strerror or exc}); set TMPDIR to a directory with room for the bundle",
+    return SaveError(f"put_bundle: cannot write the zip form of {what} to a temporary file in {where!r}: "
+                     f"{write_failure(exc)}; set TMPDIR to a directory with room for the bundle",
                      path=where, errno=exc.errno)
 
 
