@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from engine.backend import BinaryPayload
 from engine.backend.cachefiles import BuildCache, sha256_hex
@@ -177,12 +177,7 @@ class CCompiler:
               libraries: Sequence[LinkedLibrary] = ()) -> tuple[str, bytes]:
         """``(cache key, shared-object bytes)`` for ``source``, compiling only on a cache miss."""
         key = self.cache_key(source, flags, libraries)
-        try:
-            data = self.cache.get_or_build(key, lambda: self._run(source, flags, libraries))
-        except OSError as exc:
-            raise KernelError(f"cannot write the CPU build cache {self.build_dir}: {exc}; "
-                              "free space there or set ENGINE_CACHE_DIR to a writable directory") from exc
-        return key, data
+        return key, self._cached(self.cache, key, lambda: self._run(source, flags, libraries))
 
     def _run(self, source: str, flags: Sequence[str], libraries: Sequence[LinkedLibrary] = ()) -> bytes:
         """Compile in a private temp dir under fixed names (reproducible bytes); the source's units
@@ -202,11 +197,16 @@ class CCompiler:
         """The object file of one unit's translation unit, compiled only on a cache miss."""
         key = self.cache_key(unit, ("-c", *flags), libraries)
         cmd = [*self.command, *self._includes(libraries), "-c", _UNIT_SOURCE_NAME, "-o", _UNIT_OUTPUT_NAME, *flags]
+        return self._cached(self.units, key, lambda: self._invoke(cmd, {_UNIT_SOURCE_NAME: unit.encode("utf-8")},
+                                                                  _UNIT_OUTPUT_NAME, "C compilation of a unit"))
+
+    @staticmethod
+    def _cached(cache: BuildCache, key: str, build: Callable[[], bytes]) -> bytes:
+        """``cache``'s bytes for ``key``, built on a miss; a cache that cannot be written is a KernelError."""
         try:
-            return self.units.get_or_build(key, lambda: self._invoke(cmd, {_UNIT_SOURCE_NAME: unit.encode("utf-8")},
-                                                                     _UNIT_OUTPUT_NAME, "C compilation of a unit"))
+            return cache.get_or_build(key, build)
         except OSError as exc:
-            raise KernelError(f"cannot write the CPU build cache {self.units.root}: {exc}; "
+            raise KernelError(f"cannot write the CPU build cache {cache.root}: {exc}; "
                               "free space there or set ENGINE_CACHE_DIR to a writable directory") from exc
 
     @staticmethod
