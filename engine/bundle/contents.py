@@ -22,7 +22,7 @@ from engine.bundle.reader import BundleArchive
 from engine.bundle.schema import GraphExecution, GraphMetaData, KernelMeta, WeightEntry
 from engine.bundle.text import decode_utf8
 from engine.bundle.validate import GraphAnalysis, analyze_graph
-from engine.bundle.writer import MemberData
+from engine.bundle.writer import WEIGHTS_MEMBER, MemberData
 from engine.errors import BundleError
 
 __all__ = ["BundleContents", "read_bundle", "bundle_members", "WEIGHT_ALIGNMENT", "weights_layout"]
@@ -60,6 +60,13 @@ class BundleContents:
     def binary(self, kernel_index: int, path: str) -> bytes:
         """A kernel binary's bytes (hash-checked against the manifest when the bundle was read)."""
         return self.binaries[_binary_member(kernel_index, path)]
+
+    def verify_weights(self) -> None:
+        """Hash-check the weights' member against the manifest: reading a bundle does not (they can
+        be large), so it is asked for where it matters. A mismatch is a ``BundleError`` naming it."""
+        bad = self.archive.verify([n for n in (WEIGHTS_MEMBER, NPZ_MEMBER) if n in self.archive])
+        if bad:
+            raise BundleError("sha256 mismatch: the weights are corrupted or were modified", member=bad[0])
 
 
 def _binary_member(kernel_index: int, path: str) -> str:

@@ -14,14 +14,16 @@ import mmap
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Union
 
 import numpy as np
 
+from engine.bundle.contents import read_bundle
 from engine.bundle.save import write_failure
+from engine.bundle.writer import bundle_to_file, copy_members
 from engine.errors import EngineError, InputError, SaveError
 from engine.plugins import Registry
-from engine.runtime.compiled_graph import CompiledGraph, load_compiled_graph
+from engine.runtime.compiled_graph import ENGINE_VERSION, CompiledGraph, load_compiled_graph
 
 if TYPE_CHECKING:
     import ray
@@ -36,16 +38,18 @@ BundleSource = Union[str, os.PathLike, "ray.ObjectRef", np.ndarray, bytes, bytea
 def put_bundle(bundle: str | os.PathLike | CompiledGraph | bytes | bytearray | memoryview) -> Any:
     """Put a bundle into Ray's object store once; returns the ``ObjectRef`` to hand to workers.
 
-    A zip bundle's file is mapped and copied straight into the store. A directory-form bundle or a
-    ``CompiledGraph`` is first written as the zip form (``CompiledGraph.write_to``: current weights
-    and dispatch table) into an unnamed temporary file (``tempfile``'s directory, ``TMPDIR``), which
-    is mapped the same way: this process's heap never holds a copy of the weights, however big.
-    Every worker on a node then maps the same bytes.
+    A zip bundle's file is mapped and copied straight into the store. A directory-form bundle is
+    written as the zip form, its members as they are: it is read and its weights hash-checked (the
+    new manifest records whatever bytes are written), but not loaded, so the driver needs neither
+    its device nor its kernels. A ``CompiledGraph`` is written with its current weights and dispatch
+    table (``CompiledGraph.write_to``). Either goes through an unnamed temporary file
+    (``tempfile``'s directory, ``TMPDIR``), mapped the same way: this process's heap never holds a
+    copy of the weights, however big. Every worker on a node then maps the same bytes.
     """
     import ray
 
     if isinstance(bundle, CompiledGraph):
-        return _put_zip_form(bundle, "the graph")
+        return _put_zip_form(bundle.write_to, "the graph")
     if isinstance(bundle, (bytes, bytearray, memoryview)):
         return ray.put(np.frombuffer(bundle, dtype=np.uint8))
     if not isinstance(bundle, (str, os.PathLike)):
@@ -53,8 +57,12 @@ def put_bundle(bundle: str | os.PathLike | CompiledGraph | bytes | bytearray | m
                          f"{type(bundle).__name__}")
     path = Path(bundle)
     if path.is_dir():
-        with load_compiled_graph(path) as graph:
-            return _put_zip_form(graph, repr(str(path)))
+        contents = read_bundle(path)
+        with contents.archive as archive:
+            contents.verify_weights()
+            members = copy_members(archive, {})
+            return _put_zip_form(lambda file: bundle_to_file(file, members, engine_version=ENGINE_VERSION),
+                                 repr(str(path)))
     if not path.is_file():
         raise InputError(f"put_bundle: {str(path)!r} is neither a bundle file nor a bundle directory")
     if path.stat().st_size == 0:
@@ -63,14 +71,15 @@ def put_bundle(bundle: str | os.PathLike | CompiledGraph | bytes | bytearray | m
         return _put_mapped(file)
 
 
-def _put_zip_form(graph: CompiledGraph, what: str) -> Any:
+def _put_zip_form(write: Callable[[BinaryIO], object], what: str) -> Any:
+    """``write`` the zip form into a temporary file, then put that file's bytes."""
     try:
         file = tempfile.TemporaryFile(prefix="engine-put-")
     except OSError as exc:
         raise _temporary_file_error(what, exc) from exc
     with file:
         try:
-            graph.write_to(file)
+            write(file)
             file.flush()
         except EngineError:
             raise  # the bundle's own errors (a weight that cannot be read) say what they are

@@ -28,7 +28,7 @@ from engine.bundle.save import write_bundle
 from engine.bundle.schema import GraphExecution, GraphMetaData
 from engine.bundle.writer import MemberData, bundle_to_bytes, bundle_to_file
 from engine.device import Device
-from engine.errors import BundleError, InputError, OutOfMemoryError, Unsupported
+from engine.errors import InputError, OutOfMemoryError, Unsupported
 from engine.plugins import Registry, default_registry
 from engine.hostptr import array_address
 from engine.runtime.context import RunContext
@@ -656,9 +656,7 @@ def load_compiled_graph(path: BundleSource, device: str | Device | None = None, 
     contents = read_bundle(_bundle_source(path))
     try:
         if verify_weights:
-            bad = contents.archive.verify([n for n in ("weights.bin", "weights.npz") if n in contents.archive])
-            if bad:
-                raise BundleError("sha256 mismatch: the weights are corrupted or were modified", member=bad[0])
+            contents.verify_weights()
         return CompiledGraph(contents, device=device, registry=registry, dispatch_policy=dispatch_policy)
     except BaseException:
         contents.archive.close()
